@@ -1,0 +1,44 @@
+# syntax=docker/dockerfile:1
+# qpid-flow images. Targets:
+#   runtime (default)  qpid-flow only:            docker build -t qpid-flow .
+#   test               + test extra, RabbitMQ and Proton C examples, for `compose run tests`
+# Pinned to bookworm: the Debian packages used by the test image (rabbitmq-server 3.10,
+# libqpid-proton11-dev-examples) are those the test harness was measured with.
+
+FROM python:3.11-slim-bookworm AS build
+# python-qpid-proton builds from source with cffi: it needs a compiler and, for TLS, OpenSSL headers.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY qpid_flow ./qpid_flow
+COPY plugins ./plugins
+# Wheels for qpid-flow and every dependency, test extra included, so the later stages install
+# offline and without a compiler.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[test]'
+
+FROM python:3.11-slim-bookworm AS runtime
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels qpid-flow \
+ && useradd --system --uid 10001 --no-create-home qpidflow
+USER qpidflow
+# 5673 AMQP 1.0 for clients, 8673 admin HTTP.
+EXPOSE 5673 8673
+CMD ["qpid-flow", "serve", "--listen", "0.0.0.0:5673"]
+
+FROM runtime AS test
+USER root
+# The `rabbitmq` fixture uses the compose broker (QPID_FLOW_TEST_BROKER_URL), but kill/restart
+# tests (`fresh_rabbitmq`) start a private RabbitMQ they control, and load tests build the
+# Proton C example clients: both need these packages in the test image.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends rabbitmq-server libqpid-proton11-dev \
+      libqpid-proton11-dev-examples pkg-config gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels 'qpid-flow[test]'
+WORKDIR /src
+COPY pyproject.toml ./
+COPY tests ./tests
+CMD ["python", "-m", "pytest", "tests/integration"]

@@ -1,0 +1,302 @@
+"""Configuration: the ``qpid-flow.toml`` file plus command-line overrides.
+
+Router-wide keys live at the top level; each ``[destinations."NAME-OR-PATTERN"]`` table
+holds one destination policy; ``[plugins.NAME]`` tables belong to plugins. Every key is
+checked at start: an unknown key or a bad value stops the router with one line that
+names the key, the value and the rule (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "DestinationPolicy",
+    "RouterConfig",
+    "load_config",
+    "parse_duration",
+    "parse_size",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value breaks a rule. ``str()`` is the one line to show."""
+
+    def __init__(self, key: str, value: Any, rule: str) -> None:
+        super().__init__(f"{key} = {value!r}: {rule}")
+        self.key = key
+        self.value = value
+        self.rule = rule
+
+
+# --- Value parsers -----------------------------------------------------------------------
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kb": 1024, "kib": 1024,
+    "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
+    "g": 1024**3, "gb": 1024**3, "gib": 1024**3,
+}  # fmt: skip
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)\s*$")
+
+
+def parse_size(value: Any, key: str = "size") -> int:
+    """Bytes from an integer or a string such as ``"10 MB"`` / ``"512 KB"`` (binary units)."""
+    if isinstance(value, bool):
+        raise ConfigError(key, value, "must be a byte count or a size such as '10 MB'")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(key, value, "must not be negative")
+        return value
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match and match.group(2).lower() in _SIZE_UNITS:
+            return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    raise ConfigError(key, value, "must be a byte count or a size such as '10 MB' or '512 KB'")
+
+
+def parse_duration(value: Any, key: str = "duration") -> float:
+    """Seconds from a number or a string such as ``"30s"``, ``"500ms"``, ``"2m"``."""
+    if isinstance(value, bool):
+        raise ConfigError(key, value, "must be a duration such as '30s' or '500ms'")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ConfigError(key, value, "must not be negative")
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if match:
+            return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    raise ConfigError(key, value, "must be a duration such as '30s', '500ms' or '2m'")
+
+
+def _non_negative_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(key, value, "must be a non-negative integer")
+    return value
+
+
+def _positive_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "must be a positive integer")
+    return value
+
+
+def _boolean(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in (0, 1):  # qpid.* declare arguments use 1 for true
+        return bool(value)
+    raise ConfigError(key, value, "must be true or false")
+
+
+def _string(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, value, "must be a non-empty string")
+    return value
+
+
+def _host_port(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not re.match(r"^[^\s:]*:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$", value):
+        raise ConfigError(key, value, "must be HOST:PORT, e.g. 127.0.0.1:5673")
+    port = int(value.rsplit(":", 1)[1])
+    if port > 65535:
+        raise ConfigError(key, value, "port must be at most 65535")
+    return value
+
+
+def _broker_url(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not re.match(r"^amqps?://[^\s/]+(/.*)?$", value):
+        raise ConfigError(key, value, "must be a URL such as amqp://user:password@host:5672")
+    return value
+
+
+def _one_of(*choices: str) -> Callable[[Any, str], str]:
+    def check(value: Any, key: str) -> str:
+        if value not in choices:
+            raise ConfigError(key, value, "must be one of " + ", ".join(choices))
+        return str(value)
+
+    return check
+
+
+def _string_list(value: Any, key: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(key, value, "must be a list of strings")
+    return list(value)
+
+
+# --- Destination policies ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DestinationPolicy:
+    """The settings of one ``[destinations."..."]`` table (None: not set there)."""
+
+    pattern: str = ">"
+    max_count: int | None = None
+    max_size: int | None = None
+
+    def merged_over(self, base: DestinationPolicy) -> DestinationPolicy:
+        """This policy's explicit values, falling back to ``base`` for the rest."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return replace(base, **values)
+
+
+# key in the file -> (field name, parser). ``qpid.*`` are the queue-declare aliases.
+_DESTINATION_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "max_count": ("max_count", _non_negative_int),
+    "max_size": ("max_size", parse_size),
+    "qpid.max_count": ("max_count", _non_negative_int),
+    "qpid.max_size": ("max_size", parse_size),
+}
+
+
+def _parse_destination(pattern: str, table: Any) -> DestinationPolicy:
+    where = f'destinations."{pattern}"'
+    if not isinstance(table, dict):
+        raise ConfigError(where, table, "must be a table of settings")
+    _check_pattern(pattern, where)
+    values: dict[str, Any] = {}
+    for key, raw in table.items():
+        if key not in _DESTINATION_KEYS:
+            raise ConfigError(f"{where}.{key}", raw, "unknown key; known: " + ", ".join(_DESTINATION_KEYS))
+        name, parse = _DESTINATION_KEYS[key]
+        values[name] = parse(raw, f"{where}.{key}")
+    return DestinationPolicy(pattern=pattern, **values)
+
+
+def _check_pattern(pattern: str, where: str) -> None:
+    segments = pattern.split(".")
+    if not pattern or any(s == "" for s in segments):
+        raise ConfigError(where, pattern, "a destination name or pattern needs non-empty '.'-separated segments")
+    if ">" in segments[:-1]:
+        raise ConfigError(where, pattern, "'>' may only be the last segment")
+
+
+def pattern_matches(pattern: str, address: str) -> bool:
+    """ActiveMQ wildcards: ``*`` matches one segment, a final ``>`` the rest (one or more)."""
+    p = pattern.split(".")
+    a = address.split(".")
+    for i, seg in enumerate(p):
+        if seg == ">":
+            return len(a) > i
+        if i >= len(a) or (seg != "*" and seg != a[i]):
+            return False
+    return len(a) == len(p)
+
+
+def _specificity(pattern: str) -> tuple[int, int, int]:
+    segments = pattern.split(".")
+    literal = sum(1 for s in segments if s not in ("*", ">"))
+    return (literal, 0 if ">" in segments else 1, len(segments))
+
+
+# --- The router configuration --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Router-wide settings, destination policies and plugin settings."""
+
+    listen: str = "127.0.0.1:5673"
+    broker: str | None = None
+    admin: str | None = None
+    producer_window: int = 100
+    consumer_lookahead: int = 200
+    default_max_count: int = 0
+    default_max_size: int = 100 * 1024 * 1024
+    max_message_size: int = 100 * 1024 * 1024
+    auto_create: bool = True
+    reconnect_max_delay: float = 5.0
+    shutdown_timeout: float = 5.0
+    log_level: str = "info"
+    log_format: str = "auto"
+    disable_plugins: list[str] = field(default_factory=list)
+    destinations: dict[str, DestinationPolicy] = field(default_factory=dict)
+    plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def standalone(self) -> bool:
+        return self.broker is None
+
+    def plugin_settings(self, name: str) -> dict[str, Any]:
+        """The ``[plugins.NAME]`` table, empty when absent."""
+        return self.plugins.get(name, {})
+
+    def policy_for(self, address: str) -> DestinationPolicy:
+        """The policy in force for ``address``: exact name first, then the most specific pattern."""
+        base = DestinationPolicy(pattern=">", max_count=self.default_max_count, max_size=self.default_max_size)
+        exact = self.destinations.get(address)
+        if exact is not None:
+            return exact.merged_over(base)
+        matching = [p for p in self.destinations if pattern_matches(p, address)]
+        if not matching:
+            return replace(base, pattern="")
+        best = max(matching, key=_specificity)
+        return self.destinations[best].merged_over(base)
+
+
+_ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
+    "listen": _host_port,
+    "broker": _broker_url,
+    "admin": _host_port,
+    "producer_window": _positive_int,
+    "consumer_lookahead": _positive_int,
+    "default_max_count": _non_negative_int,
+    "default_max_size": parse_size,
+    "max_message_size": parse_size,
+    "auto_create": _boolean,
+    "reconnect_max_delay": parse_duration,
+    "shutdown_timeout": parse_duration,
+    "log_level": _one_of("debug", "info", "warning", "error"),
+    "log_format": _one_of("auto", "json", "console"),
+    "disable_plugins": _string_list,
+}
+
+
+def build_config(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RouterConfig:
+    """Validate a parsed TOML document (plus command-line overrides) into a RouterConfig."""
+    values: dict[str, Any] = {}
+    destinations: dict[str, DestinationPolicy] = {}
+    plugins: dict[str, dict[str, Any]] = {}
+    merged = dict(data)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            merged[key] = value
+    for key, raw in merged.items():
+        if key == "destinations":
+            if not isinstance(raw, dict):
+                raise ConfigError(key, raw, 'must be tables: [destinations."NAME"]')
+            destinations = {pattern: _parse_destination(pattern, table) for pattern, table in raw.items()}
+        elif key == "plugins":
+            if not isinstance(raw, dict) or not all(isinstance(t, dict) for t in raw.values()):
+                raise ConfigError(key, raw, "must be tables: [plugins.NAME]")
+            plugins = {name: dict(table) for name, table in raw.items()}
+        elif key in _ROUTER_KEYS:
+            values[key] = _ROUTER_KEYS[key](raw, key)
+        else:
+            raise ConfigError(key, raw, "unknown key; known: " + ", ".join([*_ROUTER_KEYS, "destinations", "plugins"]))
+    return RouterConfig(destinations=destinations, plugins=plugins, **values)
+
+
+def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> RouterConfig:
+    """Read ``path`` (TOML; None for none) and apply command-line ``overrides``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                data = tomllib.load(handle)
+        except FileNotFoundError as exc:
+            raise ConfigError("--config", str(path), "file not found") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", str(path), f"not valid TOML: {exc}") from exc
+    return build_config(data, overrides)

@@ -1,0 +1,61 @@
+"""What plugins may do to a running router (handed to them by ``qpid_flow_started``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from proton import Handler
+
+if TYPE_CHECKING:
+    from proton.reactor import Container
+
+    from qpid_flow.destination import Destination
+    from qpid_flow.registry import Destinations
+    from qpid_flow.router import Router
+
+__all__ = ["RouterControl"]
+
+
+class _Timer(Handler):
+    def __init__(self, callback: Callable[[], Any]) -> None:
+        super().__init__()
+        self._callback = callback
+
+    def on_timer_task(self, event: Any) -> None:
+        self._callback()
+
+
+class RouterControl:
+    """A narrow, stable facade over the router for plugins. Reactor thread only."""
+
+    def __init__(self, container: Container, router: Router, destinations: Destinations) -> None:
+        self._container = container
+        self._router = router
+        self._destinations = destinations
+
+    def schedule(self, delay: float, callback: Callable[[], Any]) -> None:
+        """Run ``callback`` on the reactor thread after ``delay`` seconds."""
+        self._container.schedule(delay, _Timer(callback))
+
+    def destination(self, address: str) -> Destination | None:
+        """The destination of ``address`` if it exists."""
+        return self._destinations.find(address)
+
+    def destinations(self) -> Iterator[Destination]:
+        return iter(self._destinations)
+
+    def wake(self, address: str | None = None) -> None:
+        """A policy's answer may have changed: re-ask it about held transfers, producer
+        credit and waiting messages (for ``address``, or everywhere)."""
+        targets = [self._destinations.find(address)] if address else list(self._destinations)
+        for destination in targets:
+            if destination is None:
+                continue
+            self._router.recheck_held(destination.address)
+            destination.dispatch()
+        self._router.grant_all(address)
+
+    def held_transfers(self, address: str) -> int:
+        """How many transfers to ``address`` a policy is holding unsettled."""
+        return self._router.held_count(address)

@@ -1,0 +1,110 @@
+"""Build the plugin manager and the typed facade the data path calls hooks through.
+
+Registration order (later registrations are asked first by pluggy, and built-ins are
+``trylast`` anyway): built-ins, then plugins from the ``qpid_flow`` entry-point group,
+then modules named in ``$QPID_FLOW_PLUGINS``. Any of them can be disabled by name
+(``disable_plugins`` in the configuration, ``--disable-plugin`` or
+``$QPID_FLOW_DISABLE_PLUGINS``).
+
+A plugin that raises never takes the router down: the error is logged, and a
+question hook falls back to the safest answer (no credit, reject the transfer,
+let the message wait).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pluggy
+import structlog
+
+from qpid_flow import hookspecs
+from qpid_flow.model import Hold, Reject
+
+__all__ = ["BUILTIN_PLUGINS", "Hooks", "build_plugin_manager"]
+
+log = structlog.get_logger(__name__)
+
+ENTRY_POINT_GROUP = "qpid_flow"
+
+# name -> module; each module's ``Plugin()`` is registered (its methods carry @hookimpl).
+BUILTIN_PLUGINS: dict[str, str] = {
+    "passthrough": "qpid_flow.builtin.passthrough",
+}
+
+
+def _names_from_env(variable: str) -> list[str]:
+    return [name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()]
+
+
+def build_plugin_manager(disabled: Iterable[str] = ()) -> pluggy.PluginManager:
+    """A plugin manager with every hook, the built-ins, and the installed plugins."""
+    pm = pluggy.PluginManager("qpid_flow")
+    pm.add_hookspecs(hookspecs)
+    blocked = set(disabled) | set(_names_from_env("QPID_FLOW_DISABLE_PLUGINS"))
+    for name in blocked:
+        pm.set_blocked(name)
+    for name, module_name in BUILTIN_PLUGINS.items():
+        if name not in blocked:
+            pm.register(importlib.import_module(module_name).Plugin(), name=name)
+    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    for module_name in _names_from_env("QPID_FLOW_PLUGINS"):
+        if module_name not in blocked and pm.get_plugin(module_name) is None:
+            pm.register(importlib.import_module(module_name), name=module_name)
+    pm.check_pending()
+    return pm
+
+
+def _guarded(caller: Any, hook: str, fallback: Any) -> Callable[..., Any]:
+    def call(**kwargs: Any) -> Any:
+        try:
+            return caller(**kwargs)
+        except Exception:
+            log.exception("plugin_error", hook=hook)
+            return fallback
+
+    return call
+
+
+def _noop(**_kwargs: Any) -> None:
+    return None
+
+
+class Hooks:
+    """One attribute per hook, called with keyword arguments.
+
+    Notification hooks that no plugin implements become no-ops, so an unused hook
+    costs nothing on the per-message path.
+    """
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.pm = pm
+        h = pm.hook
+        self.configure = self._notify(h.qpid_flow_configure)
+        self.started = self._notify(h.qpid_flow_started)
+        self.stopping = self._notify(h.qpid_flow_stopping)
+        self.destination_created = self._notify(h.qpid_flow_destination_created)
+        self.producer_attached = self._notify(h.qpid_flow_producer_attached)
+        self.producer_detached = self._notify(h.qpid_flow_producer_detached)
+        self.transfer_settled = self._notify(h.qpid_flow_transfer_settled)
+        self.consumer_attached = self._notify(h.qpid_flow_consumer_attached)
+        self.consumer_detached = self._notify(h.qpid_flow_consumer_detached)
+        self.message_enqueued = self._notify(h.qpid_flow_message_enqueued)
+        self.message_delivered = self._notify(h.qpid_flow_message_delivered)
+        self.message_settled = self._notify(h.qpid_flow_message_settled)
+        self.producer_credit = _guarded(h.qpid_flow_producer_credit, "qpid_flow_producer_credit", 0)
+        self.transfer_arrived = _guarded(
+            h.qpid_flow_transfer_arrived,
+            "qpid_flow_transfer_arrived",
+            Reject("a qpid-flow policy failed on this transfer", condition="amqp:internal-error"),
+        )
+        self.consumer_select = _guarded(h.qpid_flow_consumer_select, "qpid_flow_consumer_select", Hold("policy error"))
+
+    @staticmethod
+    def _notify(caller: Any) -> Callable[..., Any]:
+        if not caller.get_hookimpls():
+            return _noop
+        return _guarded(caller, caller.name, None)

@@ -1,0 +1,213 @@
+"""Plain value and state objects shared by the data path and the policies.
+
+Nothing here imports Proton: policies see messages, producers and consumers as these
+objects, so they can be unit-tested without a network. The router owns the mapping
+from these objects to Proton links and deliveries.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from qpid_flow import codec
+
+__all__ = [
+    "Admit",
+    "Consumer",
+    "Decision",
+    "Hold",
+    "Message",
+    "Outcome",
+    "Producer",
+    "Reject",
+]
+
+
+class Outcome(enum.Enum):
+    """The terminal states of a delivery (AMQP 1.0 part 3.4)."""
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    RELEASED = "released"
+    MODIFIED = "modified"
+
+    @property
+    def removes_message(self) -> bool:
+        """True when the message leaves the destination (it is not handed out again)."""
+        return self in (Outcome.ACCEPTED, Outcome.REJECTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """An outcome with the details some outcomes carry."""
+
+    outcome: Outcome
+    condition: str | None = None  # rejected: the error condition name
+    description: str | None = None  # rejected: human-readable text
+    delivery_failed: bool = False  # modified
+    undeliverable_here: bool = False  # modified
+
+    @classmethod
+    def accepted(cls) -> Settlement:
+        return _ACCEPTED
+
+    @classmethod
+    def released(cls) -> Settlement:
+        return _RELEASED
+
+
+_ACCEPTED = Settlement(Outcome.ACCEPTED)
+_RELEASED = Settlement(Outcome.RELEASED)
+
+_message_sequence = itertools.count(1)
+
+
+class Message:
+    """One message in flight through qpid-flow: its encoded bytes and bookkeeping.
+
+    The bytes are forwarded as received. Fields a policy needs are read from them on
+    first use and remembered.
+    """
+
+    __slots__ = (
+        "_group_id",
+        "address",
+        "data",
+        "delivery_count",
+        "enqueued_at",
+        "on_dequeue",
+        "origin",
+        "producer_id",
+        "sequence",
+        "upstream_epoch",
+    )
+
+    def __init__(
+        self,
+        data: bytes,
+        address: str,
+        producer_id: int | None = None,
+        on_dequeue: Callable[[Settlement], None] | None = None,
+    ) -> None:
+        self.data = data
+        self.address = address
+        self.producer_id = producer_id
+        # Called once when the message leaves its destination for good; in front of a
+        # broker it carries the consumer's outcome upstream.
+        self.on_dequeue = on_dequeue
+        # The router's handle on where the message came from (the producer's delivery
+        # while it is unsettled); opaque to policies.
+        self.origin: Any = None
+        # Which broker connection it was fetched on (0: not fetched from a broker). When
+        # that connection drops the broker delivers the message again.
+        self.upstream_epoch = 0
+        # Queue order: released messages go back in front of later ones by this number.
+        self.sequence = next(_message_sequence)
+        self.delivery_count = 0
+        self.enqueued_at = 0.0
+        self._group_id: Any = _UNREAD
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def group_id(self, header: str | None = None) -> Any:
+        """The raw group id (``properties.group-id`` or application property ``header``)."""
+        if self._group_id is _UNREAD:
+            self._group_id = codec.group_id(self.data, header)
+        return self._group_id
+
+    def __repr__(self) -> str:
+        return f"<Message #{self.sequence} to {self.address!r} {self.size} bytes>"
+
+
+_UNREAD: Any = object()
+
+_link_ids = itertools.count(1)
+
+
+def next_link_id() -> int:
+    """A process-wide unique id for a producer or consumer link (stable in logs)."""
+    return next(_link_ids)
+
+
+class Producer:
+    """A producer link as the policies see it.
+
+    ``address`` is None for an anonymous-relay link (each transfer names its ``to``).
+    """
+
+    __slots__ = ("address", "connection_id", "credit", "id", "name", "unsettled")
+
+    def __init__(self, address: str | None, name: str = "", connection_id: str = "") -> None:
+        self.id = next_link_id()
+        self.address = address
+        self.name = name
+        self.connection_id = connection_id
+        self.credit = 0  # credit the producer holds right now
+        self.unsettled = 0  # transfers received and not yet settled back to it
+
+    @property
+    def anonymous(self) -> bool:
+        return self.address is None
+
+
+class Consumer:
+    """A consumer link as the policies and the destination see it.
+
+    ``deliver`` is supplied by the router: it puts a message on the wire and returns.
+    """
+
+    __slots__ = ("address", "connection_id", "credit", "deliver", "held", "id", "name", "presettled")
+
+    def __init__(
+        self,
+        address: str,
+        deliver: Callable[[Consumer, Message], None],
+        presettled: bool = False,
+        name: str = "",
+        connection_id: str = "",
+    ) -> None:
+        self.id = next_link_id()
+        self.address = address
+        self.deliver = deliver
+        self.presettled = presettled  # at-most-once: messages count as accepted on send
+        self.name = name
+        self.connection_id = connection_id
+        self.credit = 0
+        # Messages delivered and not settled yet, by sequence number: what a detach releases.
+        self.held: dict[int, Message] = {}
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.id} of {self.address!r} credit={self.credit} held={len(self.held)}>"
+
+
+# --- Answers a policy gives about an arriving transfer ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Forward the transfer to its destination now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep the transfer unsettled; the policy releases it later through the router."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Settle the transfer ``rejected`` with this error condition, forwarding nothing."""
+
+    description: str
+    condition: str = "amqp:resource-limit-exceeded"
+
+
+Decision = Admit | Hold | Reject
+ADMIT = Admit()

@@ -1,0 +1,400 @@
+"""The Proton handler for client connections: the data path, top to bottom.
+
+Each event is translated into a call on a destination, the backend or a hook, and the
+answer is applied to Proton (credit with ``link.flow``, outcomes with
+``delivery.update`` + ``settle``). Decisions live in the policies; state lives in the
+destinations; this module only connects them to the wire.
+
+A bare :class:`proton.Handler` (not ``MessagingHandler``): qpid-flow owns credit and
+settlement on every link, and the messaging layer's conveniences cost time per message.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from proton import Condition, Endpoint, Handler, Link, SymbolList
+
+from qpid_flow import codec
+from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
+from qpid_flow.outcomes import apply_settlement, remote_settlement
+
+if TYPE_CHECKING:
+    from proton import Connection, Delivery, Event
+
+    from qpid_flow.backend import Backend
+    from qpid_flow.config import RouterConfig
+    from qpid_flow.destination import Destination
+    from qpid_flow.manager import Hooks
+    from qpid_flow.registry import Destinations
+
+__all__ = ["Router"]
+
+log = structlog.get_logger("qpid_flow.router")
+
+ANONYMOUS_RELAY = "ANONYMOUS-RELAY"
+_connection_ids = itertools.count(1)
+
+
+class Router(Handler):
+    """Handles every client connection accepted by the listener."""
+
+    def __init__(self, config: RouterConfig, hooks: Hooks, destinations: Destinations, backend: Backend) -> None:
+        super().__init__()
+        self.config = config
+        self.hooks = hooks
+        self.destinations = destinations
+        self.backend = backend
+        self.accepting = True  # False once shutdown began: no new credit
+        self._producers: dict[int, tuple[Producer, Link]] = {}
+        self._consumers: dict[int, tuple[Consumer, Link]] = {}
+        # Transfers a policy holds (Hold), per address, in arrival order.
+        self._held: dict[str, list[Message]] = {}
+        self._tags = itertools.count(1)
+        self.connections: set[Connection] = set()
+
+    # --- connections ----------------------------------------------------------------------
+
+    def on_connection_remote_open(self, event: Event) -> None:
+        conn = event.connection
+        if conn.state & Endpoint.LOCAL_UNINIT:
+            conn.qf_id = f"c{next(_connection_ids)}"
+            conn.offered_capabilities = SymbolList([ANONYMOUS_RELAY])
+            conn.open()
+            self.connections.add(conn)
+            log.info(
+                "connection_opened", connection=conn.qf_id, remote=str(conn.url or ""), container=conn.remote_container
+            )
+
+    def on_session_remote_open(self, event: Event) -> None:
+        if event.session.state & Endpoint.LOCAL_UNINIT:
+            event.session.open()
+
+    def on_session_remote_close(self, event: Event) -> None:
+        session = event.session
+        link = session.connection.link_head(0)
+        while link is not None:
+            if link.session == session:
+                self._link_gone(link)
+            link = link.next(0)
+        if session.state & Endpoint.LOCAL_ACTIVE:
+            session.close()
+
+    def on_connection_remote_close(self, event: Event) -> None:
+        conn = event.connection
+        self._connection_gone(conn)
+        if conn.state & Endpoint.LOCAL_ACTIVE:
+            conn.close()
+
+    def on_transport_error(self, event: Event) -> None:
+        condition = event.transport.condition
+        conn = event.connection
+        log.warning(
+            "connection_error",
+            connection=getattr(conn, "qf_id", None) if conn else None,
+            condition=condition.name if condition else None,
+            description=condition.description if condition else None,
+        )
+
+    def on_transport_closed(self, event: Event) -> None:
+        conn = event.connection
+        if conn is not None:
+            self._connection_gone(conn)
+
+    def _connection_gone(self, conn: Connection) -> None:
+        if conn not in self.connections:
+            return
+        self.connections.discard(conn)
+        link = conn.link_head(0)
+        while link is not None:
+            self._link_gone(link)
+            link = link.next(0)
+        log.info("connection_closed", connection=getattr(conn, "qf_id", None))
+
+    # --- links --------------------------------------------------------------------------
+
+    def on_link_remote_open(self, event: Event) -> None:
+        link = event.link
+        if not link.state & Endpoint.LOCAL_UNINIT:
+            return
+        if link.is_receiver:
+            self._attach_producer(link)
+        else:
+            self._attach_consumer(link)
+
+    def on_link_remote_close(self, event: Event) -> None:
+        self._link_gone(event.link)
+        if event.link.state & Endpoint.LOCAL_ACTIVE:
+            event.link.close()
+
+    def on_link_remote_detach(self, event: Event) -> None:
+        self._link_gone(event.link)
+        if event.link.state & Endpoint.LOCAL_ACTIVE:
+            event.link.detach()
+
+    def _refuse_link(self, link: Link, condition: str, description: str) -> None:
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.open()
+        link.condition = Condition(condition, description)
+        link.close()
+        log.info("link_refused", link=link.name, condition=condition, description=description)
+
+    def _attach_producer(self, link: Link) -> None:
+        address = link.remote_target.address or None
+        destination = None
+        if address is not None:
+            destination = self.destinations.get(address)
+            if destination is None:
+                self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
+                return
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = Link.RCV_FIRST
+        if self.config.max_message_size:
+            link.max_message_size = self.config.max_message_size
+        link.open()
+        producer = Producer(address, name=link.name, connection_id=link.connection.qf_id)
+        link.qf_producer = producer
+        self._producers[producer.id] = (producer, link)
+        if destination is not None:
+            destination.producers.add(producer)
+            self.backend.producer_attached(destination)
+        self.hooks.producer_attached(producer=producer, destination=destination)
+        log.debug("producer_attached", link=producer.id, address=address, connection=producer.connection_id)
+        self._grant(producer, link)
+
+    def _attach_consumer(self, link: Link) -> None:
+        source = link.remote_source
+        if source.dynamic:
+            self._refuse_link(link, "amqp:not-implemented", "dynamic sources are not supported")
+            return
+        address = source.address
+        if not address:
+            self._refuse_link(link, "amqp:invalid-field", "a consumer link needs a source address")
+            return
+        destination = self.destinations.get(address)
+        if destination is None:
+            self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
+            return
+        link.source.copy(source)
+        link.target.copy(link.remote_target)
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        link.open()
+        consumer = Consumer(address, self._deliver, presettled, name=link.name, connection_id=link.connection.qf_id)
+        link.qf_consumer = consumer
+        self._consumers[consumer.id] = (consumer, link)
+        destination.add_consumer(consumer)
+        self.backend.consumer_attached(destination)
+        log.debug("consumer_attached", link=consumer.id, address=address, connection=consumer.connection_id)
+
+    def _link_gone(self, link: Link) -> None:
+        """Forget a link (idempotent): release what a consumer held, drop a producer."""
+        producer = getattr(link, "qf_producer", None)
+        if producer is not None and self._producers.pop(producer.id, None) is not None:
+            destination = self.destinations.find(producer.address) if producer.address else None
+            if destination is not None:
+                destination.producers.discard(producer)
+            self._drop_held(producer)
+            self.hooks.producer_detached(producer=producer, destination=destination)
+            log.debug("producer_detached", link=producer.id, address=producer.address)
+            return
+        consumer = getattr(link, "qf_consumer", None)
+        if consumer is not None and self._consumers.pop(consumer.id, None) is not None:
+            destination = self.destinations.find(consumer.address)
+            if destination is not None:
+                destination.remove_consumer(consumer)
+                self.backend.consumer_detached(destination)
+            log.debug("consumer_detached", link=consumer.id, address=consumer.address)
+
+    def on_link_flow(self, event: Event) -> None:
+        link = event.link
+        consumer = getattr(link, "qf_consumer", None)
+        if consumer is None:
+            return
+        destination = self.destinations.find(consumer.address)
+        if destination is not None:
+            destination.credit_changed(consumer, link.credit)
+            self.backend.demand_changed(destination)
+        if link.drain_mode and link.credit > 0:
+            # Nothing more to send now: give the unused credit back, as drain asks.
+            link.drained()
+            consumer.credit = 0
+
+    # --- producer side ------------------------------------------------------------------
+
+    def on_delivery(self, event: Event) -> None:
+        delivery = event.delivery
+        link = delivery.link
+        if link.is_receiver:
+            if delivery.aborted:
+                delivery.settle()
+                return
+            if delivery.readable and not delivery.partial:
+                data = link.recv(delivery.pending)
+                link.advance()
+                self._on_transfer(link, delivery, data)
+        else:
+            message = getattr(delivery, "qf_message", None)
+            if message is None:
+                return
+            settlement = remote_settlement(delivery)
+            if settlement is None:
+                return  # not terminal yet (e.g. received)
+            delivery.qf_message = None
+            delivery.settle()
+            consumer = link.qf_consumer
+            destination = self.destinations.find(consumer.address)
+            if destination is not None:
+                destination.settle(consumer, message, settlement)
+                self.backend.demand_changed(destination)
+
+    def _on_transfer(self, link: Link, delivery: Delivery, data: bytes) -> None:
+        producer: Producer = link.qf_producer
+        producer.credit = link.credit
+        presettled = delivery.settled
+        address = producer.address
+        if address is None:
+            try:
+                address = codec.to_address(data)
+            except codec.MalformedMessage as exc:
+                self._refuse_transfer(delivery, presettled, "amqp:decode-error", str(exc))
+                return
+            if not address:
+                self._refuse_transfer(
+                    delivery, presettled, "amqp:invalid-field", "an anonymous-relay transfer needs a 'to' address"
+                )
+                return
+        destination = self.destinations.get(address)
+        if destination is None:
+            self._refuse_transfer(delivery, presettled, "amqp:not-found", f"no destination {address!r}")
+            return
+        message = Message(data, address, producer.id)
+        if not presettled:
+            message.origin = delivery
+            producer.unsettled += 1
+        decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
+        self._apply_decision(decision, destination, message)
+
+    def _apply_decision(self, decision: Any, destination: Destination, message: Message) -> None:
+        if decision is None or isinstance(decision, Admit):
+            self.backend.forward(destination, message, self._producer_outcome)
+        elif isinstance(decision, Reject):
+            self._producer_outcome(message, Settlement(Outcome.REJECTED, decision.condition, decision.description))
+        elif isinstance(decision, Hold):
+            self._held.setdefault(destination.address, []).append(message)
+
+    def _refuse_transfer(self, delivery: Delivery, presettled: bool, condition: str, description: str) -> None:
+        log.info("transfer_refused", condition=condition, description=description)
+        if not presettled:
+            apply_settlement(delivery, Settlement(Outcome.REJECTED, condition, description))
+        else:
+            delivery.settle()
+
+    def _producer_outcome(self, message: Message, settlement: Settlement) -> None:
+        """The backend (or a policy) decided the fate of a producer's transfer."""
+        delivery = message.origin
+        message.origin = None
+        entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
+        if delivery is not None:
+            apply_settlement(delivery, settlement)
+        if entry is None:
+            return  # the producer left meanwhile
+        producer, link = entry
+        if delivery is not None:
+            producer.unsettled -= 1
+        self.hooks.transfer_settled(producer=producer, message=message, settlement=settlement)
+        self._grant(producer, link)
+
+    def _grant(self, producer: Producer, link: Link) -> None:
+        """Ask the credit policy how much to add to a producer link, and add it."""
+        if not self.accepting or not self.backend.writable(producer.address):
+            return
+        producer.credit = link.credit
+        destination = self.destinations.find(producer.address) if producer.address else None
+        credit = self.hooks.producer_credit(producer=producer, destination=destination)
+        if credit:
+            link.flow(credit)
+            producer.credit += credit
+
+    def grant_all(self, address: str | None = None) -> None:
+        """Re-ask the credit policy for every producer (of ``address``, if given)."""
+        for producer, link in list(self._producers.values()):
+            if address is None or producer.address in (None, address):
+                self._grant(producer, link)
+
+    def recheck_held(self, address: str) -> None:
+        """Ask the transfer policy again about every transfer held for ``address``."""
+        held = self._held.pop(address, None)
+        destination = self.destinations.find(address)
+        if not held or destination is None:
+            return
+        for index, message in enumerate(held):
+            producer_entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
+            if producer_entry is None:
+                continue
+            decision = self.hooks.transfer_arrived(producer=producer_entry[0], message=message, destination=destination)
+            if isinstance(decision, Hold):
+                # Keep this one and everything after it, in order.
+                self._held[address] = held[index:] + self._held.get(address, [])
+                return
+            self._apply_decision(decision, destination, message)
+
+    def held_count(self, address: str) -> int:
+        return len(self._held.get(address, ()))
+
+    def _drop_held(self, producer: Producer) -> None:
+        """A producer left: its held transfers were never accepted, so they are dropped."""
+        for address, messages in list(self._held.items()):
+            kept = [m for m in messages if m.producer_id != producer.id]
+            if kept:
+                self._held[address] = kept
+            else:
+                del self._held[address]
+
+    # --- consumer side ------------------------------------------------------------------
+
+    def _deliver(self, consumer: Consumer, message: Message) -> None:
+        link = self._consumers[consumer.id][1]
+        delivery = link.delivery(str(next(self._tags)))
+        link.send(message.data)
+        link.advance()
+        if consumer.presettled:
+            delivery.settle()
+        else:
+            delivery.qf_message = message
+
+    def upstream_link_failed(self, address: str, is_sender: bool, condition: Condition | None) -> None:
+        """The broker closed the upstream link of ``address``: close the local links that
+        depend on it with the broker's error, as if they were attached to the broker."""
+        entries = self._producers.values() if is_sender else self._consumers.values()
+        for endpoint, link in list(entries):
+            if endpoint.address != address:
+                continue
+            self._link_gone(link)
+            if link.state & Endpoint.LOCAL_ACTIVE:
+                link.condition = condition or Condition("amqp:internal-error", "the broker closed the link")
+                link.close()
+
+    # --- shutdown -----------------------------------------------------------------------
+
+    def release_consumers(self) -> None:
+        """Release everything consumers hold, back to their destinations."""
+        for consumer, _link in list(self._consumers.values()):
+            destination = self.destinations.find(consumer.address)
+            if destination is not None:
+                destination.release_held(consumer)
+                consumer.credit = 0
+
+    def unsettled_producer_transfers(self) -> int:
+        return sum(producer.unsettled for producer, _ in self._producers.values())
+
+    def close_connections(self, description: str) -> None:
+        for conn in list(self.connections):
+            if conn.state & Endpoint.LOCAL_ACTIVE:
+                conn.condition = Condition("amqp:connection:forced", description)
+                conn.close()

@@ -1,0 +1,123 @@
+"""Assemble and run the router: plugins, destinations, backend, listener, signals.
+
+Shutdown on SIGINT / SIGTERM, in this order: stop accepting connections and stop
+granting credit; wait (up to ``shutdown_timeout``) for the outcomes of transfers
+already forwarded, so producers learn them; release everything consumers hold and
+everything fetched ahead from the broker; close every connection; stop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import structlog
+from proton import Handler
+from proton.reactor import ApplicationEvent, Container, EventInjector
+
+from qpid_flow.backend import Backend
+from qpid_flow.config import RouterConfig
+from qpid_flow.control import RouterControl
+from qpid_flow.manager import Hooks, build_plugin_manager
+from qpid_flow.registry import Destinations
+from qpid_flow.router import Router
+from qpid_flow.standalone import StandaloneBackend
+from qpid_flow.upstream import BrokerBackend
+
+__all__ = ["Server"]
+
+log = structlog.get_logger("qpid_flow.server")
+
+_SHUTDOWN_POLL = 0.05
+
+
+class Server(Handler):
+    """Owns the container and everything that runs in it."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.hooks = Hooks(build_plugin_manager(config.disable_plugins))
+        self.hooks.configure(config=config)
+        self.container = Container(container_id=f"qpid-flow-{socket.gethostname()}-{os.getpid()}")
+        self.destinations = Destinations(config, self.hooks)
+        self.router = Router(config, self.hooks, self.destinations, backend=StandaloneBackend())
+        self.backend: Backend
+        if config.broker is None:
+            self.backend = self.router.backend
+        else:
+            self.backend = BrokerBackend(
+                self.container,
+                config,
+                self.destinations,
+                on_writable=self.router.grant_all,
+                on_link_failed=self.router.upstream_link_failed,
+            )
+            self.router.backend = self.backend
+        self.control = RouterControl(self.container, self.router, self.destinations)
+        self._injector = EventInjector()
+        self._acceptor: Any = None
+        self._deadline = 0.0
+        self._stopping = False
+        self.router.on_qf_shutdown = self._begin_shutdown  # the injected event lands on the router
+
+    def run(self) -> None:
+        host, port = self.config.listen.rsplit(":", 1)
+        self.container.handler = self.router
+        self.container.selectable(self._injector)
+        self._acceptor = self.container.listen(f"{host}:{port}")
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+        if isinstance(self.backend, BrokerBackend):
+            self.backend.start()
+        log.info(
+            "listening",
+            listen=self.config.listen,
+            mode="standalone" if self.config.broker is None else "broker",
+            plugins=sorted(name for name, _ in self.hooks.pm.list_name_plugin()),
+        )
+        self.hooks.started(control=self.control)
+        self.container.run()
+        log.info("stopped")
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        # Signal handlers run between bytecodes: hand over to the reactor thread safely.
+        self._injector.trigger(ApplicationEvent("qf_shutdown"))
+
+    def _begin_shutdown(self, _event: Any = None) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("shutdown_started")
+        self.hooks.stopping()
+        self.router.accepting = False
+        if self._acceptor is not None:
+            self._acceptor.close()
+        self._deadline = time.monotonic() + self.config.shutdown_timeout
+        self.container.schedule(0, self)
+
+    def on_timer_task(self, _event: Any) -> None:
+        waiting = self.backend.in_flight()
+        if waiting and time.monotonic() < self._deadline:
+            self.container.schedule(_SHUTDOWN_POLL, self)
+            return
+        if waiting:
+            log.warning("shutdown_outcomes_missing", transfers=waiting)
+        self.router.release_consumers()
+        self.backend.shutdown()
+        self.router.close_connections("qpid-flow is shutting down")
+        self._injector.close()
+        # Let the close frames go out, then end the loop even if a peer never answers.
+        self.container.schedule(1.0, _Stop(self.container))
+
+
+class _Stop(Handler):
+    def __init__(self, container: Container) -> None:
+        super().__init__()
+        self._container = container
+
+    def on_timer_task(self, _event: Any) -> None:
+        self._container.stop()

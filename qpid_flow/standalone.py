@@ -1,0 +1,49 @@
+"""Standalone mode: qpid-flow's destinations are the queues (bounded, in memory)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qpid_flow.model import Outcome, Settlement
+
+if TYPE_CHECKING:
+    from qpid_flow.backend import OutcomeCallback
+    from qpid_flow.destination import Destination
+    from qpid_flow.model import Message
+
+__all__ = ["StandaloneBackend"]
+
+_ACCEPTED = Settlement.accepted()
+
+
+class StandaloneBackend:
+    """Messages are enqueued on their destination, accepted once they are there."""
+
+    def writable(self, address: str | None) -> bool:
+        return True
+
+    def producer_attached(self, destination: Destination) -> None:
+        pass
+
+    def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
+        if not destination.has_room_for(message):
+            # A full queue refuses, as qpidd's default limit policy does.
+            done(message, Settlement(Outcome.REJECTED, "amqp:resource-limit-exceeded", destination.limit_description()))
+            return
+        destination.enqueue(message)
+        done(message, _ACCEPTED)
+
+    def consumer_attached(self, destination: Destination) -> None:
+        pass
+
+    def consumer_detached(self, destination: Destination) -> None:
+        pass
+
+    def demand_changed(self, destination: Destination) -> None:
+        pass
+
+    def in_flight(self) -> int:
+        return 0
+
+    def shutdown(self) -> None:
+        pass

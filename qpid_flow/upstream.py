@@ -1,0 +1,370 @@
+"""In front of a broker: one connection upstream, its links, and reconnecting.
+
+Producer messages go out on one upstream sender per target address and are settled
+back to their producer with the broker's outcome, never earlier. One shared upstream
+receiver per source address feeds the local consumers of that address with a bounded
+look-ahead of credit; its messages stay unsettled at the broker until a local consumer
+settles them, and the consumer's outcome is what the broker is told.
+
+Reconnect behaviour, chosen on purpose: while the broker is away producers get no new
+credit (what they already sent is kept and sent again once connected: nothing a
+producer saw accepted is lost, and nothing unaccepted is dropped); the messages fetched
+for consumers are forgotten, since the broker delivers them again; consumers keep their
+links. Reconnection backs off from 0.1 s to ``reconnect_max_delay``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+from proton import Condition, Endpoint, Handler, Link
+
+from qpid_flow.model import Message, Outcome, Settlement
+from qpid_flow.outcomes import apply_settlement, remote_settlement
+
+if TYPE_CHECKING:
+    from proton import Connection, Delivery, Event
+    from proton.reactor import Container
+
+    from qpid_flow.backend import OutcomeCallback
+    from qpid_flow.config import RouterConfig
+    from qpid_flow.destination import Destination
+    from qpid_flow.registry import Destinations
+
+__all__ = ["BrokerBackend"]
+
+log = structlog.get_logger("qpid_flow.upstream")
+
+_ACCEPTED = Settlement.accepted()
+_RELEASED = Settlement.released()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    userinfo, host = rest.rsplit("@", 1)
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+
+
+class _Sender:
+    """The upstream sender of one target address and the messages waiting for it."""
+
+    __slots__ = ("address", "in_flight", "link", "pending")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.link: Link | None = None
+        self.pending: deque[tuple[Message, OutcomeCallback]] = deque()
+        # Sent and waiting for the broker's outcome, in send order (by message sequence).
+        self.in_flight: dict[int, tuple[Message, OutcomeCallback]] = {}
+
+
+class _Receiver:
+    """The shared upstream receiver of one source address."""
+
+    __slots__ = ("destination", "link")
+
+    def __init__(self, destination: Destination) -> None:
+        self.destination = destination
+        self.link: Link | None = None
+
+
+class BrokerBackend(Handler):
+    """The :class:`~qpid_flow.backend.Backend` for a broker behind qpid-flow."""
+
+    def __init__(
+        self,
+        container: Container,
+        config: RouterConfig,
+        destinations: Destinations,
+        on_writable: Callable[[], None],
+        on_link_failed: Callable[[str, bool, Condition | None], None],
+    ) -> None:
+        super().__init__()
+        assert config.broker is not None
+        self.url = config.broker
+        self._container = container
+        self._lookahead = config.consumer_lookahead
+        self._max_delay = config.reconnect_max_delay
+        self._destinations = destinations
+        self._on_writable = on_writable
+        # (address, is_sender, condition): the broker refused or closed one of our links.
+        self._on_link_failed = on_link_failed
+        self._connection: Connection | None = None
+        self.connected = False
+        self.closing = False
+        self.epoch = 0  # which connection; deliveries of an older one are dead
+        self._delay = 0.0
+        self._senders: dict[str, _Sender] = {}
+        self._receivers: dict[str, _Receiver] = {}
+        self._tags = itertools.count(1)
+
+    # --- connection -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._connect()
+
+    def _connect(self) -> None:
+        self.epoch += 1
+        log.info("upstream_connecting", broker=_redact(self.url), attempt_delay=self._delay)
+        self._connection = self._container.connect(self.url, handler=self, reconnect=False)
+
+    def on_connection_remote_open(self, event: Event) -> None:
+        if event.connection is not self._connection:
+            return
+        self.connected = True
+        self._delay = 0.0
+        log.info("upstream_connected", broker=_redact(self.url), epoch=self.epoch)
+        for sender in self._senders.values():
+            self._open_sender(sender)
+        for receiver in self._receivers.values():
+            self._open_receiver(receiver)
+        self._on_writable()
+
+    def on_connection_remote_close(self, event: Event) -> None:
+        if event.connection is self._connection:
+            condition = event.connection.remote_condition
+            log.warning(
+                "upstream_closed_by_broker",
+                condition=condition.name if condition else None,
+                description=condition.description if condition else None,
+            )
+            event.connection.close()
+            self._lost()
+
+    def on_transport_error(self, event: Event) -> None:
+        if event.connection is self._connection:
+            condition = event.transport.condition
+            log.warning(
+                "upstream_error",
+                condition=condition.name if condition else None,
+                description=condition.description if condition else None,
+            )
+
+    def on_transport_closed(self, event: Event) -> None:
+        if event.connection is self._connection:
+            self._lost()
+
+    def _lost(self) -> None:
+        """The broker connection is gone: keep what producers sent, forget what we fetched."""
+        was_connected = self.connected
+        self.connected = False
+        self._connection = None
+        old_epoch = self.epoch
+        for sender in self._senders.values():
+            sender.link = None
+            if sender.in_flight:
+                # No outcome came for these: send them again, first, in their order.
+                sender.pending.extendleft(reversed(list(sender.in_flight.values())))
+                sender.in_flight.clear()
+        for receiver in self._receivers.values():
+            receiver.link = None
+            dropped = receiver.destination.forget(lambda m: m.upstream_epoch == old_epoch)
+            if dropped:
+                log.info("upstream_messages_forgotten", address=receiver.destination.address, count=dropped)
+        if self.closing:
+            return
+        if was_connected:
+            log.warning("upstream_disconnected", broker=_redact(self.url))
+        self._delay = min(self._max_delay, max(0.1, self._delay * 2))
+        self._container.schedule(self._delay, self)
+
+    def on_timer_task(self, event: Event) -> None:
+        if not self.closing and self._connection is None:
+            self._connect()
+
+    # --- producer side (Backend) ----------------------------------------------------------
+
+    def writable(self, address: str | None) -> bool:
+        return self.connected and not self.closing
+
+    def producer_attached(self, destination: Destination) -> None:
+        self._sender(destination.address)
+
+    def _sender(self, address: str) -> _Sender:
+        sender = self._senders.get(address)
+        if sender is None:
+            sender = self._senders[address] = _Sender(address)
+            self._open_sender(sender)
+        return sender
+
+    def _open_sender(self, sender: _Sender) -> None:
+        if not self.connected or self._connection is None:
+            return
+        link = self._container.create_sender(self._connection, sender.address)
+        link.qf_sender = sender
+        sender.link = link
+
+    def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
+        sender = self._sender(destination.address)
+        sender.pending.append((message, done))
+        if sender.link is not None and sender.link.credit > 0:
+            self._pump(sender)
+
+    def _pump(self, sender: _Sender) -> None:
+        link = sender.link
+        if link is None:
+            return
+        pending = sender.pending
+        while pending and link.credit > 0:
+            message, done = pending.popleft()
+            delivery = link.delivery(str(next(self._tags)))
+            link.send(message.data)
+            link.advance()
+            if message.origin is None:
+                # The producer sent it pre-settled: so do we; there is no outcome to wait for.
+                delivery.settle()
+                done(message, _ACCEPTED)
+            else:
+                delivery.qf_sequence = message.sequence
+                sender.in_flight[message.sequence] = (message, done)
+
+    def in_flight(self) -> int:
+        return sum(len(s.in_flight) + len(s.pending) for s in self._senders.values())
+
+    # --- consumer side (Backend) ----------------------------------------------------------
+
+    def consumer_attached(self, destination: Destination) -> None:
+        if destination.address not in self._receivers:
+            receiver = self._receivers[destination.address] = _Receiver(destination)
+            self._open_receiver(receiver)
+
+    def _open_receiver(self, receiver: _Receiver) -> None:
+        if not self.connected or self._connection is None:
+            return
+        link = self._container.create_receiver(self._connection, receiver.destination.address)
+        link.qf_receiver = receiver
+        receiver.link = link
+        self._top_up(receiver)
+
+    def consumer_detached(self, destination: Destination) -> None:
+        if destination.consumers:
+            return
+        receiver = self._receivers.pop(destination.address, None)
+        if receiver is None:
+            return
+        # No local consumer is left: give back what was fetched ahead, then detach.
+        released = [m for m in destination.queue if m.upstream_epoch == self.epoch]
+        destination.forget(lambda m: m.upstream_epoch != 0)
+        for message in released:
+            if message.on_dequeue is not None:
+                message.on_dequeue(_RELEASED)
+        if receiver.link is not None and receiver.link.state & Endpoint.LOCAL_ACTIVE:
+            receiver.link.close()
+
+    def demand_changed(self, destination: Destination) -> None:
+        receiver = self._receivers.get(destination.address)
+        if receiver is not None:
+            self._top_up(receiver)
+
+    def _top_up(self, receiver: _Receiver) -> None:
+        """Keep (waiting messages + outstanding credit) near the look-ahead window."""
+        link = receiver.link
+        if link is None:
+            return
+        credit = max(link.credit, 0)
+        missing = self._lookahead - len(receiver.destination.queue) - credit
+        if missing >= max(1, self._lookahead // 4):
+            link.flow(missing)
+
+    def _settle_upstream(self, epoch: int, delivery: Delivery, settlement: Settlement) -> None:
+        if epoch == self.epoch and self.connected:
+            apply_settlement(delivery, settlement)
+
+    # --- events on our links ----------------------------------------------------------
+
+    def on_link_flow(self, event: Event) -> None:
+        sender = getattr(event.link, "qf_sender", None)
+        if sender is not None and sender.link is event.link:
+            self._pump(sender)
+
+    def on_delivery(self, event: Event) -> None:
+        delivery = event.delivery
+        link = delivery.link
+        if link.is_sender:
+            sequence = getattr(delivery, "qf_sequence", None)
+            sender = getattr(link, "qf_sender", None)
+            if sequence is None or sender is None:
+                return
+            settlement = remote_settlement(delivery)
+            if settlement is None:
+                return
+            delivery.settle()
+            entry = sender.in_flight.pop(sequence, None)
+            if entry is not None:
+                entry[1](entry[0], settlement)
+            return
+        receiver = getattr(link, "qf_receiver", None)
+        if receiver is None or delivery.aborted:
+            delivery.settle()
+            return
+        if not delivery.readable or delivery.partial:
+            return
+        data = link.recv(delivery.pending)
+        link.advance()
+        # The broker may send beyond the credit we gave (RabbitMQ does): keep it all.
+        message = Message(data, receiver.destination.address)
+        message.upstream_epoch = self.epoch
+        message.on_dequeue = functools.partial(self._settle_upstream, self.epoch, delivery)
+        receiver.destination.enqueue(message)
+        self._top_up(receiver)
+
+    def on_link_remote_close(self, event: Event) -> None:
+        link = event.link
+        condition = link.remote_condition
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.close()
+        if not self.connected or self.closing:
+            return
+        sender = getattr(link, "qf_sender", None)
+        if sender is not None and self._senders.get(sender.address) is sender:
+            del self._senders[sender.address]
+            log.warning(
+                "upstream_link_closed",
+                address=sender.address,
+                direction="sender",
+                condition=condition.name if condition else None,
+                description=condition.description if condition else None,
+            )
+            failed = Settlement(
+                Outcome.REJECTED,
+                condition.name if condition else "amqp:internal-error",
+                condition.description if condition else f"the broker closed the link to {sender.address!r}",
+            )
+            for message, done in [*sender.in_flight.values(), *sender.pending]:
+                done(message, failed)
+            self._on_link_failed(sender.address, True, condition)
+            return
+        receiver = getattr(link, "qf_receiver", None)
+        if receiver is not None and self._receivers.get(receiver.destination.address) is receiver:
+            del self._receivers[receiver.destination.address]
+            log.warning(
+                "upstream_link_closed",
+                address=receiver.destination.address,
+                direction="receiver",
+                condition=condition.name if condition else None,
+                description=condition.description if condition else None,
+            )
+            self._on_link_failed(receiver.destination.address, False, condition)
+
+    # --- shutdown -----------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Release every fetched message back to the broker and close the connection."""
+        self.closing = True
+        for receiver in self._receivers.values():
+            destination = receiver.destination
+            fetched = [m for m in destination.queue if m.upstream_epoch == self.epoch]
+            destination.forget(lambda m: m.upstream_epoch != 0)
+            for message in fetched:
+                if message.on_dequeue is not None:
+                    message.on_dequeue(_RELEASED)
+        if self._connection is not None and self._connection.state & Endpoint.LOCAL_ACTIVE:
+            self._connection.close()

@@ -1,0 +1,267 @@
+"""Real AMQP 1.0 clients for the integration tests (Proton Python, each in its own container).
+
+Each client runs a Proton ``Container`` in a thread of the test process and records
+what it saw: the outcome of every message sent, every message received in arrival
+order. They are ordinary clients: nothing here knows qpid-flow is on the other side.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proton import Delivery, Handler, Message
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+
+__all__ = ["Consumer", "Producer", "Received", "make_message", "run_all"]
+
+
+def make_message(producer: str, index: int, size: int = 100, group: str | None = None, **props: Any) -> Message:
+    """A message that says who sent it and its number, with properties to check end to end."""
+    body = f"{producer}:{index}:".ljust(size, "x")
+    return Message(
+        id=f"{producer}-{index}",
+        body=body,
+        subject="test",
+        group_id=group,
+        properties={"producer": producer, "index": index, **props},
+        durable=False,
+    )
+
+
+@dataclass
+class Received:
+    message: Message
+    at: float
+    settled_at: float = 0.0
+    outcome: str = ""
+
+
+class _Client(MessagingHandler):  # type: ignore[misc]
+    """Common parts: connect without silent reconnect, stop on timeout, record errors."""
+
+    def __init__(self, url: str, timeout: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.url = url
+        self.timeout = timeout
+        self.error: str | None = None
+        self.done = threading.Event()
+        self.connection: Any = None
+        self.container: Container | None = None
+
+    def on_start(self, event: Any) -> None:
+        self.container = event.container
+        self.connection = event.container.connect(self.url, reconnect=False)
+        self.deadline = event.container.schedule(self.timeout, self)
+        self.open_links(event)
+
+    def open_links(self, event: Any) -> None:
+        raise NotImplementedError
+
+    def on_timer_task(self, event: Any) -> None:
+        if not self.done.is_set():
+            self.error = self.error or "timed out"
+            self.finish()
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.connection is not None:
+            self.connection.close()
+        if self.container is not None:
+            self.container.stop()
+
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        if not self.done.is_set():
+            self.error = f"transport error: {condition.name if condition else '?'}: {condition.description if condition else ''}"
+
+    def on_link_error(self, event: Any) -> None:
+        condition = event.link.remote_condition
+        self.error = f"link error: {condition.name}: {condition.description}"
+        self.finish()
+
+    def on_connection_error(self, event: Any) -> None:
+        condition = event.connection.remote_condition
+        self.error = f"connection error: {condition.name}: {condition.description}"
+        self.finish()
+
+    def on_disconnected(self, event: Any) -> None:
+        if not self.done.is_set():
+            self.error = self.error or "disconnected"
+            self.done.set()
+            if self.container is not None:
+                self.container.stop()
+
+    def run(self) -> None:
+        try:
+            Container(self).run()
+        except Exception as exc:  # surfaced by the test, not lost in the thread
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+
+
+class Producer(_Client):
+    """Sends ``messages`` to ``address`` (or each to its own ``to`` with ``anonymous``)."""
+
+    def __init__(
+        self,
+        url: str,
+        address: str | None,
+        messages: list[Message],
+        timeout: float = 120.0,
+        presettled: bool = False,
+        pace: float = 0.0,
+    ) -> None:
+        super().__init__(url, timeout, auto_settle=True)
+        self.address = address
+        self.messages = messages
+        self.presettled = presettled
+        self.pace = pace
+        self.sent = 0
+        # index -> outcome name ("accepted", "rejected", "released", "modified")
+        self.outcomes: dict[int, str] = {}
+        self.conditions: dict[int, str] = {}
+        self.settled_at: dict[int, float] = {}
+        self.sender: Any = None
+
+    def open_links(self, event: Any) -> None:
+        options = None
+        if self.presettled:
+            from proton.reactor import AtMostOnce
+
+            options = AtMostOnce()
+        self.sender = event.container.create_sender(self.connection, self.address, options=options)
+
+    def on_sendable(self, event: Any) -> None:
+        sender = event.sender
+        while sender.credit > 0 and self.sent < len(self.messages):
+            delivery = sender.send(self.messages[self.sent])
+            delivery.index = self.sent
+            self.sent += 1
+            if self.presettled:
+                self.outcomes[delivery.index] = "accepted"
+            if self.pace:
+                time.sleep(self.pace)
+        if self.presettled and self.sent == len(self.messages):
+            self.finish()
+
+    def _record(self, event: Any, outcome: str) -> None:
+        index = event.delivery.index
+        self.outcomes[index] = outcome
+        self.settled_at[index] = time.monotonic()
+        if outcome == "rejected" and event.delivery.remote.condition is not None:
+            self.conditions[index] = event.delivery.remote.condition.name
+        if len(self.outcomes) == len(self.messages):
+            self.finish()
+
+    def on_accepted(self, event: Any) -> None:
+        self._record(event, "accepted")
+
+    def on_rejected(self, event: Any) -> None:
+        self._record(event, "rejected")
+
+    def on_released(self, event: Any) -> None:
+        state = event.delivery.remote_state
+        self._record(event, "modified" if state == Delivery.MODIFIED else "released")
+
+
+class Consumer(_Client):
+    """Receives from ``address`` with a fixed credit window, settling each message as
+    ``decide(message)`` says ("accept", "reject", "release"), after ``delay`` seconds.
+
+    Stops after ``count`` messages were accepted or rejected (or when ``stop()`` is set).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        address: str,
+        count: int | None = None,
+        prefetch: int = 10,
+        timeout: float = 120.0,
+        decide: Callable[[Message], str] | None = None,
+        idle_stop: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        super().__init__(url, timeout, prefetch=0, auto_accept=False, auto_settle=True)
+        self.address = address
+        self.count = count
+        self.prefetch = prefetch
+        self.decide = decide or (lambda _m: "accept")
+        self.idle_stop = idle_stop
+        self.stop_event = stop
+        self.received: list[Received] = []
+        self.finished = 0
+        self.last_activity = time.monotonic()
+        self.receiver: Any = None
+
+    def open_links(self, event: Any) -> None:
+        self.receiver = event.container.create_receiver(self.connection, self.address)
+        self.receiver.flow(self.prefetch)
+        if self.idle_stop is not None or self.stop_event is not None:
+            event.container.schedule(0.1, _Poll(self))
+
+    def on_message(self, event: Any) -> None:
+        now = time.monotonic()
+        self.last_activity = now
+        record = Received(event.message, now)
+        self.received.append(record)
+        verdict = self.decide(event.message)
+        record.outcome = verdict
+        if verdict == "accept":
+            self.accept(event.delivery)
+        elif verdict == "reject":
+            self.reject(event.delivery)
+        else:
+            self.release(event.delivery, delivered=False)
+        record.settled_at = time.monotonic()
+        if verdict in ("accept", "reject"):
+            self.finished += 1
+        event.receiver.flow(1)
+        if self.count is not None and self.finished >= self.count:
+            self.finish()
+
+    def poll(self, container: Any) -> None:
+        if self.done.is_set():
+            return
+        if self.stop_event is not None and self.stop_event.is_set():
+            self.finish()
+            return
+        if self.idle_stop is not None and time.monotonic() - self.last_activity > self.idle_stop:
+            self.finish()
+            return
+        container.schedule(0.1, _Poll(self))
+
+
+class _Poll(Handler):
+    def __init__(self, consumer: Consumer) -> None:
+        super().__init__()
+        self.consumer = consumer
+
+    def on_timer_task(self, event: Any) -> None:
+        self.consumer.poll(event.container)
+
+
+@dataclass
+class Running:
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+def start(*clients: _Client) -> list[threading.Thread]:
+    threads = [threading.Thread(target=c.run, daemon=True) for c in clients]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def run_all(*clients: _Client, timeout: float = 180.0) -> None:
+    """Run clients concurrently until each finishes (or the timeout passes)."""
+    threads = start(*clients)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))

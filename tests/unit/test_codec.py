@@ -1,0 +1,69 @@
+"""The field reader agrees with Proton's full decode, and refuses broken encodings."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from proton import Message, symbol, ulong
+
+from qpid_flow import codec
+
+
+def encode(**kwargs: object) -> bytes:
+    message = Message(**kwargs)  # type: ignore[arg-type]
+    return message.encode()
+
+
+@pytest.mark.parametrize(
+    "message_id",
+    [None, "id-1", 42, uuid.uuid4(), b"binary-id", ulong(7)],
+)
+def test_to_is_found_whatever_the_message_id_type(message_id: object) -> None:
+    data = encode(id=message_id, user_id=b"someone", address="orders.eu", body="x")
+    assert codec.to_address(data) == "orders.eu"
+
+
+def test_group_id_from_properties_and_from_an_application_property() -> None:
+    data = encode(
+        address="q",
+        group_id="cart-17",
+        properties={"JMSXGroupID": "A", "GROUP_KEY": 5, "flag": True},
+        body="x" * 300,
+    )
+    assert codec.group_id(data) == "cart-17"
+    assert codec.group_id(data, "JMSXGroupID") == "A"
+    assert codec.group_id(data, "GROUP_KEY") == 5
+    assert codec.application_property(data, "flag") is True
+    assert codec.application_property(data, "absent") is None
+
+
+def test_sections_before_properties_are_skipped() -> None:
+    message = Message(address="after-annotations", durable=True, priority=7, ttl=5, body={"k": [1, 2]})
+    message.annotations = {symbol("x-opt-a"): "v", symbol("x-opt-b"): [1, 2, 3]}
+    message.instructions = {symbol("x-opt-di"): 1}
+    assert codec.to_address(message.encode()) == "after-annotations"
+
+
+def test_message_without_properties_has_no_address() -> None:
+    assert codec.to_address(encode(body="only a body")) is None
+    assert codec.group_id(encode(body="only a body")) is None
+
+
+def test_long_strings_use_the_32_bit_forms() -> None:
+    long_address = "a" * 300
+    data = encode(address=long_address, properties={"k" * 300: "v" * 300}, body="x")
+    assert codec.to_address(data) == long_address
+    assert codec.application_property(data, "k" * 300) == "v" * 300
+
+
+@pytest.mark.parametrize("cut", [1, 3, 10, 20])
+def test_truncated_encoding_is_refused(cut: int) -> None:
+    data = encode(id="x", address="somewhere-far", body="x")
+    with pytest.raises(codec.MalformedMessage):
+        codec.properties_field(data[: 3 + cut] + b"\xff", "to")
+
+
+def test_garbage_is_refused() -> None:
+    with pytest.raises(codec.MalformedMessage):
+        codec.to_address(b"\x01\x02\x03garbage")

@@ -1,0 +1,113 @@
+"""Configuration: defaults, overrides, and one clear line for every bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qpid_flow.config import ConfigError, build_config, load_config, parse_duration, parse_size, pattern_matches
+
+
+def test_defaults_are_standalone_on_the_local_port() -> None:
+    config = build_config({})
+    assert config.standalone
+    assert config.listen == "127.0.0.1:5673"
+    assert config.producer_window == 100
+
+
+def test_command_line_overrides_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "qpid-flow.toml"
+    path.write_text('listen = "0.0.0.0:6000"\nbroker = "amqp://guest:guest@127.0.0.1:5672"\n')
+    config = load_config(path, {"listen": "127.0.0.1:7000", "broker": None})
+    assert config.listen == "127.0.0.1:7000"
+    assert config.broker == "amqp://guest:guest@127.0.0.1:5672"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("10 MB", 10 * 1024**2), ("512 KB", 512 * 1024), ("512KB", 512 * 1024), (4096, 4096), ("1 GB", 1024**3)],
+)
+def test_sizes(text: object, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), (3, 3.0)])
+def test_durations(text: object, expected: float) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "rule"),
+    [
+        ({"listne": "x"}, "listne", "unknown key"),
+        ({"listen": "localhost"}, "listen", "HOST:PORT"),
+        ({"broker": "http://x"}, "broker", "URL"),
+        ({"producer_window": 0}, "producer_window", "positive integer"),
+        ({"producer_window": "10"}, "producer_window", "positive integer"),
+        ({"default_max_size": "ten megs"}, "default_max_size", "size"),
+        ({"destinations": {"orders": {"max_count": -1}}}, 'destinations."orders".max_count', "non-negative"),
+        ({"destinations": {"orders": {"max_cuont": 1}}}, 'destinations."orders".max_cuont', "unknown key"),
+        ({"destinations": {"a.>.b": {}}}, 'destinations."a.>.b"', "last segment"),
+        ({"log_level": "loud"}, "log_level", "one of"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_rule(data: dict, key: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_config(data)
+    assert caught.value.key == key
+    assert rule in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_bad_toml_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("listen = \n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "not valid TOML" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "address", "matches"),
+    [
+        ("PRICES.>", "PRICES.STOCK.IBM", True),
+        ("PRICES.>", "PRICES.X", True),
+        ("PRICES.>", "PRICES", False),
+        ("orders.*", "orders.eu", True),
+        ("orders.*", "orders.eu.paris", False),
+        ("orders", "orders", True),
+        ("*.eu", "orders.eu", True),
+    ],
+)
+def test_wildcards(pattern: str, address: str, matches: bool) -> None:
+    assert pattern_matches(pattern, address) is matches
+
+
+def test_exact_name_beats_patterns_and_specific_patterns_beat_general_ones() -> None:
+    config = build_config(
+        {
+            "destinations": {
+                ">": {"max_count": 1},
+                "orders.>": {"max_count": 2},
+                "orders.*": {"max_count": 3},
+                "orders.eu": {"max_count": 4},
+            }
+        }
+    )
+    assert config.policy_for("orders.eu").max_count == 4
+    assert config.policy_for("orders.us").max_count == 3
+    assert config.policy_for("orders.us.west").max_count == 2
+    assert config.policy_for("misc").max_count == 1
+
+
+def test_qpid_declare_keys_are_aliases() -> None:
+    config = build_config({"destinations": {"q": {"qpid.max_count": 10, "qpid.max_size": "1 KB"}}})
+    policy = config.policy_for("q")
+    assert (policy.max_count, policy.max_size) == (10, 1024)
+
+
+def test_unset_destination_values_fall_back_to_router_defaults() -> None:
+    config = build_config({"default_max_size": "1 MB", "destinations": {"q": {"max_count": 5}}})
+    policy = config.policy_for("q")
+    assert (policy.max_count, policy.max_size) == (5, 1024**2)
