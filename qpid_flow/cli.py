@@ -12,7 +12,7 @@ from qpid_flow.config import ConfigError, load_config
 __all__ = ["main"]
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser(
         "serve",
         help="run the router",

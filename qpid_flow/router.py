@@ -54,6 +54,8 @@ class Router(Handler):
         self._held: dict[str, list[Message]] = {}
         self._tags = itertools.count(1)
         self.connections: set[Connection] = set()
+        # Set by the server: called on the reactor thread when a signal asked to stop.
+        self.on_qf_shutdown: Any = None
 
     # --- connections ----------------------------------------------------------------------
 
@@ -371,8 +373,10 @@ class Router(Handler):
     def upstream_link_failed(self, address: str, is_sender: bool, condition: Condition | None) -> None:
         """The broker closed the upstream link of ``address``: close the local links that
         depend on it with the broker's error, as if they were attached to the broker."""
-        entries = self._producers.values() if is_sender else self._consumers.values()
-        for endpoint, link in list(entries):
+        entries: list[tuple[Producer | Consumer, Link]] = [
+            *(self._producers.values() if is_sender else self._consumers.values())
+        ]
+        for endpoint, link in entries:
             if endpoint.address != address:
                 continue
             self._link_gone(link)

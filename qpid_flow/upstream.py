@@ -117,7 +117,7 @@ class BrokerBackend(Handler):
         self._connection = self._container.connect(self.url, handler=self, reconnect=False)
 
     def on_connection_remote_open(self, event: Event) -> None:
-        if event.connection is not self._connection:
+        if event.connection != self._connection:
             return
         self.connected = True
         self._delay = 0.0
@@ -129,7 +129,7 @@ class BrokerBackend(Handler):
         self._on_writable()
 
     def on_connection_remote_close(self, event: Event) -> None:
-        if event.connection is self._connection:
+        if event.connection == self._connection:
             condition = event.connection.remote_condition
             log.warning(
                 "upstream_closed_by_broker",
@@ -140,7 +140,7 @@ class BrokerBackend(Handler):
             self._lost()
 
     def on_transport_error(self, event: Event) -> None:
-        if event.connection is self._connection:
+        if event.connection == self._connection:
             condition = event.transport.condition
             log.warning(
                 "upstream_error",
@@ -149,7 +149,7 @@ class BrokerBackend(Handler):
             )
 
     def on_transport_closed(self, event: Event) -> None:
-        if event.connection is self._connection:
+        if event.connection == self._connection:
             self._lost()
 
     def _lost(self) -> None:
@@ -282,7 +282,7 @@ class BrokerBackend(Handler):
 
     def on_link_flow(self, event: Event) -> None:
         sender = getattr(event.link, "qf_sender", None)
-        if sender is not None and sender.link is event.link:
+        if sender is not None and sender.link == event.link:
             self._pump(sender)
 
     def on_delivery(self, event: Event) -> None:
@@ -324,35 +324,47 @@ class BrokerBackend(Handler):
         if not self.connected or self.closing:
             return
         sender = getattr(link, "qf_sender", None)
-        if sender is not None and self._senders.get(sender.address) is sender:
-            del self._senders[sender.address]
-            log.warning(
-                "upstream_link_closed",
-                address=sender.address,
-                direction="sender",
-                condition=condition.name if condition else None,
-                description=condition.description if condition else None,
-            )
-            failed = Settlement(
-                Outcome.REJECTED,
-                condition.name if condition else "amqp:internal-error",
-                condition.description if condition else f"the broker closed the link to {sender.address!r}",
-            )
-            for message, done in [*sender.in_flight.values(), *sender.pending]:
-                done(message, failed)
-            self._on_link_failed(sender.address, True, condition)
-            return
+        if sender is not None:
+            self._sender_closed(sender, condition)
         receiver = getattr(link, "qf_receiver", None)
-        if receiver is not None and self._receivers.get(receiver.destination.address) is receiver:
-            del self._receivers[receiver.destination.address]
-            log.warning(
-                "upstream_link_closed",
-                address=receiver.destination.address,
-                direction="receiver",
-                condition=condition.name if condition else None,
-                description=condition.description if condition else None,
-            )
-            self._on_link_failed(receiver.destination.address, False, condition)
+        if receiver is not None:
+            self._receiver_closed(receiver, condition)
+
+    def _sender_closed(self, sender: _Sender, condition: Condition | None) -> None:
+        """The broker refused or closed a sender: fail its messages and its producers."""
+        if self._senders.get(sender.address) is not sender:
+            return
+        del self._senders[sender.address]
+        log.warning(
+            "upstream_link_closed",
+            address=sender.address,
+            direction="sender",
+            condition=condition.name if condition else None,
+            description=condition.description if condition else None,
+        )
+        failed = Settlement(
+            Outcome.REJECTED,
+            condition.name if condition else "amqp:internal-error",
+            condition.description if condition else f"the broker closed the link to {sender.address!r}",
+        )
+        for message, done in [*sender.in_flight.values(), *sender.pending]:
+            done(message, failed)
+        self._on_link_failed(sender.address, True, condition)
+
+    def _receiver_closed(self, receiver: _Receiver, condition: Condition | None) -> None:
+        """The broker refused or closed a receiver: its local consumers get the error."""
+        address = receiver.destination.address
+        if self._receivers.get(address) is not receiver:
+            return
+        del self._receivers[address]
+        log.warning(
+            "upstream_link_closed",
+            address=address,
+            direction="receiver",
+            condition=condition.name if condition else None,
+            description=condition.description if condition else None,
+        )
+        self._on_link_failed(address, False, condition)
 
     # --- shutdown -----------------------------------------------------------------------
 

@@ -68,16 +68,24 @@ class _Client(MessagingHandler):  # type: ignore[misc]
             self.finish()
 
     def finish(self) -> None:
+        """Close cleanly: the container stops once the close handshake is over, so
+        everything written before (pre-settled transfers, dispositions) reaches the peer."""
         self.done.set()
         if self.connection is not None:
             self.connection.close()
+        if self.container is not None:
+            self.container.schedule(5.0, _Stop(self.container))
+
+    def on_connection_closed(self, event: Any) -> None:
         if self.container is not None:
             self.container.stop()
 
     def on_transport_error(self, event: Any) -> None:
         condition = event.transport.condition
         if not self.done.is_set():
-            self.error = f"transport error: {condition.name if condition else '?'}: {condition.description if condition else ''}"
+            self.error = (
+                f"transport error: {condition.name if condition else '?'}: {condition.description if condition else ''}"
+            )
 
     def on_link_error(self, event: Any) -> None:
         condition = event.link.remote_condition
@@ -172,7 +180,7 @@ class Producer(_Client):
 
 class Consumer(_Client):
     """Receives from ``address`` with a fixed credit window, settling each message as
-    ``decide(message)`` says ("accept", "reject", "release"), after ``delay`` seconds.
+    ``decide(message)`` says: "accept", "reject", "release", or "hold" (never settle).
 
     Stops after ``count`` messages were accepted or rejected (or when ``stop()`` is set).
     """
@@ -213,6 +221,8 @@ class Consumer(_Client):
         self.received.append(record)
         verdict = self.decide(event.message)
         record.outcome = verdict
+        if verdict == "hold":
+            return  # never settle it, and take no more credit for it
         if verdict == "accept":
             self.accept(event.delivery)
         elif verdict == "reject":
@@ -236,6 +246,15 @@ class Consumer(_Client):
             self.finish()
             return
         container.schedule(0.1, _Poll(self))
+
+
+class _Stop(Handler):
+    def __init__(self, container: Container) -> None:
+        super().__init__()
+        self.container = container
+
+    def on_timer_task(self, event: Any) -> None:
+        self.container.stop()
 
 
 class _Poll(Handler):

@@ -54,9 +54,7 @@ def fresh_rabbitmq(request: pytest.FixtureRequest) -> Iterator[Broker]:
 
 
 @pytest.fixture(scope="session")
-def proton_c_examples(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> ProtonCExamples:
+def proton_c_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ProtonCExamples:
     """Proton C `send` / `receive` built once (cached across runs in pytest's cache dir when
     the cache plugin is on). Usage: `[str(x.send), host, str(port), address, str(count)]`; see
     ProtonCExamples for the full argv contract."""
@@ -69,9 +67,7 @@ def proton_c_examples(
 
 
 @pytest.fixture
-def qpid_flow_process(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[StartRouter]:
+def qpid_flow_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StartRouter]:
     """Factory: `start(broker_url=None, config_text=None, extra_args=()) -> RouterProcess`.
 
     Runs `python -m qpid_flow serve --listen 127.0.0.1:<free port> [--broker URL]

@@ -52,7 +52,9 @@ def build_examples(cache_dir: Path) -> ProtonCExamples:
     for modules in PKG_MODULE_CHOICES:
         flags = subprocess.run(
             ["pkg-config", "--cflags", "--libs", *modules],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if flags.returncode == 0:
             break
@@ -69,8 +71,7 @@ def build_examples(cache_dir: Path) -> ProtonCExamples:
         if exe.exists():
             continue
         tmp = out / f".{name}.tmp"  # rename at the end: a half-written binary is never cached
-        cmd = ["gcc", "-O2", "-o", str(tmp), str(EXAMPLES_DIR / f"{name}.c"),
-               *flags.stdout.split(), "-lpthread"]
+        cmd = ["gcc", "-O2", "-o", str(tmp), str(EXAMPLES_DIR / f"{name}.c"), *flags.stdout.split(), "-lpthread"]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
             raise RuntimeError(f"building {name} failed: {' '.join(cmd)}\n{r.stderr}")

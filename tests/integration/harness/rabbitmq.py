@@ -100,11 +100,7 @@ class RabbitMQBroker(Broker):
         w = self.workdir
         # Drop inherited RABBITMQ_*/ERL_* settings and NOTIFY_SOCKET (which makes the start
         # script believe it runs under systemd): only what we set below may configure the node.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("RABBITMQ_", "ERL_")) and k != "NOTIFY_SOCKET"
-        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_")) and k != "NOTIFY_SOCKET"}
         env.update(
             HOME=str(w / "home"),  # .erlang.cookie, read by the server and by rabbitmqctl
             PATH=f"{RABBIT_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
@@ -168,8 +164,11 @@ class RabbitMQBroker(Broker):
         log = open(self.workdir / "epmd.log", "ab")  # noqa: SIM115 - owned by the child
         self._epmd = subprocess.Popen(
             [_epmd_path(), "-address", "127.0.0.1", "-port", str(self.epmd_port)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=self.env, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
         )
         log.close()
         if not wait_for_port("127.0.0.1", self.epmd_port, 10, alive=lambda: self._epmd.poll() is None):  # type: ignore[union-attr]
@@ -190,8 +189,12 @@ class RabbitMQBroker(Broker):
         # reaches everything.
         self._server = subprocess.Popen(
             [f"{RABBIT_BIN}/rabbitmq-server"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=self.env, cwd=self.workdir, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.workdir,
+            start_new_session=True,
         )
         log.close()
         try:
@@ -204,7 +207,11 @@ class RabbitMQBroker(Broker):
         """Run `rabbitmqctl ARGS` against this node (e.g. ctl("list_queues", "name", "messages"))."""
         return subprocess.run(
             [f"{RABBIT_BIN}/rabbitmqctl", "-n", self.nodename, *args],
-            env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def _halt_server(self, graceful_timeout: float = 0) -> None:
@@ -261,10 +268,12 @@ class RabbitMQBroker(Broker):
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(
-            t for t in (
+            t
+            for t in (
                 _tail(self.workdir / "server.out", lines),
                 _tail(self.workdir / "log" / f"{self.nodename}.log", lines),
-            ) if t
+            )
+            if t
         )
 
 

@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from .net import free_port, wait_for_port
+from .net import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -35,8 +35,7 @@ class RouterStartError(AssertionError):
 class RouterProcess:
     """One qpid-flow process listening on 127.0.0.1:port; output goes to `log_path`."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], host: str, port: int, log_path: Path,
-                 argv: list[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], host: str, port: int, log_path: Path, argv: list[str]) -> None:
         self.proc = proc
         self.host = host
         self.port = port
@@ -90,6 +89,17 @@ class RouterProcess:
         return f"<RouterProcess pid={self.pid} {self.url} rc={self.returncode}>"
 
 
+def _wait_for_listening(log_path: Path, timeout: float, alive: Callable[[], bool]) -> bool:
+    """Wait for qpid-flow's own "listening" event (probing the port with a bare TCP
+    connect would put a framing error in the log under test)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive():
+        if '"event": "listening"' in log_path.read_text(errors="replace"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def start_router(
     workdir: Path,
     broker_url: str | None = None,
@@ -122,18 +132,21 @@ def start_router(
         log.write(("$ " + " ".join(argv) + "\n").encode())
         log.flush()
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=env, cwd=workdir, start_new_session=True,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=workdir,
+            start_new_session=True,
         )
     router = RouterProcess(proc, "127.0.0.1", port, log_path, argv)
     t0 = time.monotonic()
-    if not wait_for_port("127.0.0.1", port, start_timeout, alive=lambda: proc.poll() is None):
+    if not _wait_for_listening(log_path, start_timeout, alive=lambda: proc.poll() is None):
         rc = proc.poll()
         router.stop(timeout=5)
-        why = (f"exited with code {rc}" if rc is not None
-               else f"did not listen within {start_timeout:.0f}s")
+        why = f"exited with code {rc}" if rc is not None else f"did not listen within {start_timeout:.0f}s"
         raise RouterStartError(
-            f"qpid-flow {why} after {time.monotonic() - t0:.1f}s\n"
-            f"--- {log_path} (tail) ---\n{router.log_tail()}"
+            f"qpid-flow {why} after {time.monotonic() - t0:.1f}s\n--- {log_path} (tail) ---\n{router.log_tail()}"
         )
     return router

@@ -1,0 +1,283 @@
+"""The relay: qpid-flow in front of RabbitMQ and standalone, with real clients.
+
+Every test drives a real ``qpid-flow`` process with real AMQP clients; in front of a
+broker that broker is a real RabbitMQ started by the harness.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import uuid
+from collections import Counter
+
+import pika
+import pytest
+from proton import Message
+
+from .clients import Consumer, Producer, make_message, run_all, start
+
+pytestmark = pytest.mark.integration
+
+MODES = ["broker", "standalone"]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(params=MODES)
+def router(request, qpid_flow_process):
+    """A qpid-flow in front of the session's RabbitMQ, or standalone."""
+    if request.param == "broker":
+        broker = request.getfixturevalue("rabbitmq")
+        return qpid_flow_process(broker_url=broker.url)
+    return qpid_flow_process()
+
+
+def key(message: Message) -> tuple[str, int]:
+    return message.properties["producer"], message.properties["index"]
+
+
+def test_ten_thousand_messages_two_producers_three_consumers(router) -> None:
+    address = unique("relay")
+    total = 10_000
+    producers = [
+        Producer(router.url, address, [make_message(name, i, group=f"{name}-g{i % 7}") for i in range(total // 2)])
+        for name in ("p1", "p2")
+    ]
+    done = __import__("threading").Event()
+    consumers = [Consumer(router.url, address, prefetch=p, stop=done, timeout=240) for p in (1, 10, 100)]
+    consumer_threads = start(*consumers)
+    run_all(*producers, timeout=240)
+    for producer in producers:
+        assert producer.error is None, producer.error
+        assert Counter(producer.outcomes.values()) == {"accepted": total // 2}
+    deadline = time.monotonic() + 120
+    while sum(len(c.received) for c in consumers) < total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)  # a duplicate, if any, would arrive now
+    done.set()
+    for t in consumer_threads:
+        t.join(30)
+    received = [r.message for c in consumers for r in c.received]
+    counts = Counter(key(m) for m in received)
+    assert len(counts) == total, f"missing {total - len(counts)} messages"
+    assert max(counts.values()) == 1, "a message arrived twice"
+    assert all(len(c.received) > 0 for c in consumers), "a consumer got nothing"
+    for m in received:
+        producer, index = key(m)
+        assert m.body == f"{producer}:{index}:".ljust(100, "x")
+        assert m.id == f"{producer}-{index}"
+        assert m.subject == "test"
+        assert m.group_id == f"{producer}-g{index % 7}"
+
+
+def test_each_producers_messages_arrive_in_send_order_to_a_single_consumer(router) -> None:
+    address = unique("order")
+    producer = Producer(router.url, address, [make_message("p", i) for i in range(2000)])
+    consumer = Consumer(router.url, address, count=2000, prefetch=50)
+    run_all(producer, consumer)
+    assert producer.error is None and consumer.error is None, (producer.error, consumer.error)
+    assert [r.message.properties["index"] for r in consumer.received] == list(range(2000))
+
+
+def test_rejected_messages_are_gone_and_released_ones_come_back(router) -> None:
+    address = unique("outcomes")
+    producer = Producer(router.url, address, [make_message("p", i) for i in range(20)])
+    run_all(producer)
+    assert Counter(producer.outcomes.values()) == {"accepted": 20}
+    seen: Counter[int] = Counter()
+
+    def decide(message: Message) -> str:
+        index = message.properties["index"]
+        seen[index] += 1
+        if index % 4 == 0:
+            return "reject"
+        if index % 4 == 1 and seen[index] == 1:
+            return "release"  # the first time only: it must be delivered again
+        return "accept"
+
+    first = Consumer(router.url, address, prefetch=5, decide=decide, idle_stop=2.0)
+    run_all(first)
+    assert first.error is None, first.error
+    rejected = {i for i in range(20) if i % 4 == 0}
+    assert all(seen[i] == 1 for i in rejected), "a rejected message was delivered again"
+    assert all(seen[i] == 2 for i in range(20) if i % 4 == 1), "a released message was not delivered again"
+    # Nothing is left: a second consumer finds the destination empty.
+    second = Consumer(router.url, address, prefetch=10, idle_stop=1.5)
+    run_all(second)
+    assert second.received == []
+
+
+def test_anonymous_relay_routes_each_message_by_its_to(router) -> None:
+    addresses = [unique("anon") for _ in range(3)]
+    messages = []
+    for i in range(30):
+        m = make_message("anon", i)
+        m.address = addresses[i % 3]
+        messages.append(m)
+    producer = Producer(router.url, None, messages)
+    run_all(producer)
+    assert producer.error is None, producer.error
+    assert Counter(producer.outcomes.values()) == {"accepted": 30}
+    for n, address in enumerate(addresses):
+        consumer = Consumer(router.url, address, count=10, prefetch=10, timeout=30)
+        run_all(consumer)
+        assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(n, 30, 3))
+
+
+def test_presettled_producer_and_consumer(router) -> None:
+    address = unique("presettled")
+    producer = Producer(router.url, address, [make_message("p", i) for i in range(200)], presettled=True)
+    consumer = Consumer(router.url, address, count=200, prefetch=20)
+    threads = start(consumer)
+    run_all(producer)
+    for t in threads:
+        t.join(60)
+    assert producer.error is None
+    assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(200))
+
+
+def test_full_standalone_destination_rejects_with_resource_limit_exceeded(qpid_flow_process) -> None:
+    router = qpid_flow_process(config_text='[destinations."tiny"]\nmax_count = 5\n')
+    producer = Producer(router.url, "tiny", [make_message("p", i) for i in range(8)])
+    run_all(producer)
+    assert [producer.outcomes[i] for i in range(8)] == ["accepted"] * 5 + ["rejected"] * 3
+    assert set(producer.conditions.values()) == {"amqp:resource-limit-exceeded"}
+
+
+def test_proton_c_example_clients_send_and_receive_through_qpid_flow(router, proton_c_examples) -> None:
+    address = unique("c-examples")
+    host, port = router.host, str(router.port)
+    sent = subprocess.run(
+        [str(proton_c_examples.send), host, port, address, "1000"], capture_output=True, text=True, timeout=120
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert "1000 messages sent and acknowledged" in sent.stdout
+    got = subprocess.run(
+        [str(proton_c_examples.receive), host, port, address, "1000"], capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 0, got.stderr
+    assert "1000 messages received" in got.stdout
+    sequences = [line for line in got.stdout.splitlines() if "sequence" in line]
+    assert len(sequences) == 1000
+
+
+def test_garbage_bytes_close_that_connection_and_others_carry_on(router) -> None:
+    address = unique("garbage")
+    producer = Producer(router.url, address, [make_message("p", i) for i in range(3000)])
+    consumer = Consumer(router.url, address, count=3000, prefetch=50)
+    threads = start(producer, consumer)
+    time.sleep(0.3)
+    replies = []
+    for junk in (
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"AMQP\x00\x01\x00\x00" + b"\x00\x00\x00\x08\xff\xff\xff\xff" * 4,
+    ):
+        with socket.create_connection((router.host, router.port), timeout=10) as sock:
+            sock.sendall(junk)
+            data = b""
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break  # closed by qpid-flow
+                data += chunk
+            else:
+                pytest.fail("qpid-flow kept a connection that sent garbage")
+            replies.append(data)
+    for t in threads:
+        t.join(120)
+    # A bad protocol header is answered with the AMQP header, then closed; a bad frame
+    # after a good header gets a close carrying the framing-error condition.
+    assert replies[0].startswith(b"AMQP")
+    assert b"amqp:connection:framing-error" in replies[1]
+    assert producer.error is None and consumer.error is None, (producer.error, consumer.error)
+    assert Counter(producer.outcomes.values()) == {"accepted": 3000}
+    assert len({r.message.properties["index"] for r in consumer.received}) == 3000
+    assert router.returncode is None, "qpid-flow died"
+
+
+def test_bad_configuration_refuses_to_start_with_one_line(tmp_path) -> None:
+    config = tmp_path / "qpid-flow.toml"
+    config.write_text('[destinations."orders"]\nmax_count = -3\n')
+    result = subprocess.run(
+        ["python", "-m", "qpid_flow", "serve", "--config", str(config), "--listen", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert 'destinations."orders".max_count' in lines[0] and "non-negative" in lines[0]
+
+
+# --- in front of a broker only ---------------------------------------------------------
+
+
+def declare_durable_queue(broker_url: str, name: str) -> None:
+    params = pika.URLParameters(broker_url.replace("amqp://", "amqp://", 1) + "/%2F")
+    with pika.BlockingConnection(params) as connection:
+        connection.channel().queue_declare(name, durable=True)
+
+
+def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_flow_process) -> None:
+    queue = unique("survive")
+    declare_durable_queue(fresh_rabbitmq.url, queue)
+    address = f"/amq/queue/{queue}"
+    router = qpid_flow_process(broker_url=fresh_rabbitmq.url, config_text='reconnect_max_delay = "1s"\n')
+    messages = []
+    for i in range(3000):
+        m = make_message("p", i)
+        m.durable = True
+        messages.append(m)
+    producer = Producer(router.url, address, messages, timeout=180, pace=0.0005)
+    consumer = Consumer(router.url, address, prefetch=20, timeout=180, idle_stop=20.0)
+    threads = start(producer, consumer)
+    deadline = time.monotonic() + 60
+    while len(producer.outcomes) < 800 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(producer.outcomes) >= 800, "the producer did not get going"
+    fresh_rabbitmq.kill()
+    time.sleep(1.0)
+    settled_while_down = len(producer.outcomes)
+    time.sleep(2.0)
+    # While the broker is away nothing is settled: producers' transfers wait for it.
+    assert len(producer.outcomes) == settled_while_down
+    fresh_rabbitmq.restart()
+    for t in threads:
+        t.join(200)
+    assert producer.error is None, producer.error
+    assert Counter(producer.outcomes.values()) == {"accepted": 3000}, "producers did not resume"
+    got = {r.message.properties["index"] for r in consumer.received}
+    missing = set(range(3000)) - got
+    assert not missing, f"{len(missing)} accepted messages never arrived, e.g. {sorted(missing)[:5]}"
+    assert router.returncode is None
+
+
+def test_sigterm_releases_what_consumers_hold_back_to_the_broker(rabbitmq, qpid_flow_process) -> None:
+    queue = unique("shutdown")
+    declare_durable_queue(rabbitmq.url, queue)
+    address = f"/amq/queue/{queue}"
+    router = qpid_flow_process(broker_url=rabbitmq.url)
+    producer = Producer(router.url, address, [make_message("p", i) for i in range(50)])
+    run_all(producer)
+    assert Counter(producer.outcomes.values()) == {"accepted": 50}
+    # A consumer that takes 10 and never settles them.
+    holder = Consumer(router.url, address, prefetch=10, decide=lambda m: "hold", idle_stop=30.0)
+    threads = start(holder)
+    deadline = time.monotonic() + 20
+    while len(holder.received) < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(holder.received) == 10
+    assert router.stop() == 0
+    for t in threads:
+        t.join(40)
+    # Everything is back in the broker's queue, nothing lost: qpid-flow released it all.
+    deadline = time.monotonic() + 20
+    while rabbitmq.queue_depth(queue) != 50 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rabbitmq.queue_depth(queue) == 50

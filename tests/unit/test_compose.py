@@ -1,0 +1,112 @@
+"""Static checks of compose.yaml and the Dockerfile (no Docker engine needed)."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    svcs = compose["services"]
+    assert isinstance(svcs, dict)
+    return svcs
+
+
+def depends_on(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Normalise the short (list) and long (mapping) depends_on syntaxes."""
+    deps = service.get("depends_on", {})
+    if isinstance(deps, list):
+        return {name: {"condition": "service_started"} for name in deps}
+    return dict(deps)
+
+
+def command_args(service: dict[str, Any]) -> list[str]:
+    cmd = service.get("command", [])
+    return cmd.split() if isinstance(cmd, str) else list(cmd)
+
+
+def arg_after(args: list[str], flag: str) -> str:
+    assert flag in args, f"{flag} missing in {args}"
+    return args[args.index(flag) + 1]
+
+
+def test_expected_services_and_profiles(services: dict[str, dict[str, Any]]) -> None:
+    assert {"rabbitmq", "qpid-flow", "tests", "artemis", "qpid-flow-artemis"} <= set(services)
+    # The default `docker compose up` runs the RabbitMQ pair only.
+    assert "profiles" not in services["rabbitmq"]
+    assert "profiles" not in services["qpid-flow"]
+    assert services["artemis"]["profiles"] == ["artemis"]
+    assert services["qpid-flow-artemis"]["profiles"] == ["artemis"]
+    assert services["rabbitmq"]["image"].startswith("rabbitmq:3.10")
+    assert services["artemis"]["image"].startswith("apache/activemq-artemis")
+
+
+def test_depends_on_refers_to_defined_services(services: dict[str, dict[str, Any]]) -> None:
+    conditions = {"service_started", "service_healthy", "service_completed_successfully"}
+    for name, svc in services.items():
+        for dep, spec in depends_on(svc).items():
+            assert dep in services, f"{name} depends on undefined service {dep}"
+            assert dep != name
+            assert spec.get("condition", "service_started") in conditions
+            if spec.get("condition") == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep}'s missing healthcheck"
+            # A service outside every profile cannot depend on one that is only in a profile.
+            mine, theirs = set(svc.get("profiles", [])), set(services[dep].get("profiles", []))
+            assert not theirs or (mine and mine <= theirs), f"{name} -> {dep}: profiles {mine} vs {theirs}"
+
+
+def test_qpid_flow_services_point_at_their_broker(services: dict[str, dict[str, Any]]) -> None:
+    for name, broker in (("qpid-flow", "rabbitmq"), ("qpid-flow-artemis", "artemis")):
+        args = command_args(services[name])
+        assert args[:2] == ["qpid-flow", "serve"]
+        url = urllib.parse.urlsplit(arg_after(args, "--broker"))
+        assert url.scheme == "amqp" and url.hostname == broker and url.port == 5672
+        assert arg_after(args, "--listen") == "0.0.0.0:5673"
+        assert broker in depends_on(services[name])
+    published = [str(p) for p in services["qpid-flow"]["ports"]]
+    assert any(p.endswith(":5673") for p in published)
+    assert any(p.endswith(":8673") for p in published)
+
+
+def test_rabbitmq_enables_amqp1_0(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    mounts = services["rabbitmq"]["configs"]
+    [mount] = [m for m in mounts if m["target"] == "/etc/rabbitmq/enabled_plugins"]
+    content = compose["configs"][mount["source"]]["content"]
+    assert re.fullmatch(r"\s*\[[a-z0-9_,\s]+\]\.\s*", content), content  # an Erlang term list
+    assert "rabbitmq_amqp1_0" in content
+
+
+def test_tests_service_uses_the_compose_broker(services: dict[str, dict[str, Any]]) -> None:
+    tests = services["tests"]
+    url = urllib.parse.urlsplit(tests["environment"]["QPID_FLOW_TEST_BROKER_URL"])
+    assert url.hostname in services
+    assert url.hostname in depends_on(tests)
+    assert "pytest" in command_args(tests)
+
+
+def test_build_targets_exist_in_dockerfile(services: dict[str, dict[str, Any]]) -> None:
+    stages = set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", DOCKERFILE.read_text(), re.M | re.I))
+    built = [s for s in services.values() if "build" in s]
+    assert built
+    for svc in built:
+        build = svc["build"]
+        target = build.get("target") if isinstance(build, dict) else None
+        assert target is None or target in stages, f"unknown Dockerfile target {target}"
+    assert "python:3.11-slim" in DOCKERFILE.read_text()

@@ -1,0 +1,148 @@
+"""Destinations without a network: dispatch, settlement, release order and accounting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from qpid_flow.config import DestinationPolicy
+from qpid_flow.destination import Destination
+from qpid_flow.manager import Hooks, build_plugin_manager
+from qpid_flow.model import Consumer, Message, Outcome, Settlement
+
+
+class Wire:
+    """Stands in for the router: records what each consumer was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, Message]] = []
+
+    def deliver(self, consumer: Consumer, message: Message) -> None:
+        self.sent.append((consumer.id, message))
+
+
+@pytest.fixture
+def hooks() -> Hooks:
+    return Hooks(build_plugin_manager())
+
+
+def make(hooks: Hooks, **policy: Any) -> Destination:
+    return Destination("q", DestinationPolicy(pattern="q", **policy), hooks)
+
+
+def msg(n: int) -> Message:
+    return Message(f"m{n}".encode(), "q")
+
+
+def test_messages_wait_until_a_consumer_has_credit(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    for n in range(3):
+        dest.enqueue(msg(n))
+    assert wire.sent == []
+    dest.credit_changed(consumer, 2)
+    assert [m.data for _, m in wire.sent] == [b"m0", b"m1"]
+    assert consumer.credit == 0
+    assert (dest.depth, len(dest.queue)) == (3, 1)
+
+
+def test_competing_consumers_take_turns(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    a, b = Consumer("q", wire.deliver), Consumer("q", wire.deliver)
+    for c in (a, b):
+        dest.add_consumer(c)
+        dest.credit_changed(c, 10)
+    for n in range(6):
+        dest.enqueue(msg(n))
+    owners = [cid for cid, _ in wire.sent]
+    assert owners.count(a.id) == owners.count(b.id) == 3
+
+
+def test_accept_and_reject_remove_release_puts_back_in_original_order(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    for n in range(4):
+        dest.enqueue(msg(n))
+    dest.credit_changed(consumer, 3)
+    m0, m1, m2 = (m for _, m in wire.sent)
+    dest.settle(consumer, m0, Settlement.accepted())
+    dest.settle(consumer, m2, Settlement.released())
+    dest.settle(consumer, m1, Settlement(Outcome.REJECTED, "amqp:internal-error"))
+    assert [m.data for m in dest.queue] == [b"m2", b"m3"]
+    assert (dest.depth, dest.dequeued_total) == (2, 2)
+
+
+def test_detach_releases_everything_held_in_order(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    first, second = Consumer("q", wire.deliver), Consumer("q", wire.deliver)
+    dest.add_consumer(first)
+    for n in range(5):
+        dest.enqueue(msg(n))
+    dest.credit_changed(first, 3)
+    dest.remove_consumer(first)
+    assert [m.data for m in dest.queue] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    dest.add_consumer(second)
+    dest.credit_changed(second, 5)
+    assert [m.data for cid, m in wire.sent if cid == second.id] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    assert dest.depth == 5
+
+
+def test_presettled_consumer_counts_messages_as_accepted_on_send(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver, presettled=True)
+    dest.add_consumer(consumer)
+    dest.enqueue(msg(0))
+    dest.credit_changed(consumer, 1)
+    assert dest.depth == 0 and not consumer.held
+
+
+def test_settling_twice_or_after_detach_changes_nothing(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    dest.enqueue(msg(0))
+    dest.credit_changed(consumer, 1)
+    sent = wire.sent[0][1]
+    dest.settle(consumer, sent, Settlement.accepted())
+    dest.settle(consumer, sent, Settlement.accepted())
+    assert dest.depth == 0 and dest.dequeued_total == 1
+
+
+def test_room_follows_max_count_and_max_size(hooks: Hooks) -> None:
+    dest = make(hooks, max_count=2, max_size=10)
+    assert dest.has_room_for(Message(b"12345", "q"))
+    dest.enqueue(Message(b"12345", "q"))
+    assert not dest.has_room_for(Message(b"123456", "q"))  # 11 bytes > 10
+    dest.enqueue(Message(b"123", "q"))
+    assert not dest.has_room_for(Message(b"1", "q"))  # a third message > max_count 2
+    assert "max_count 2" in dest.limit_description()
+
+
+def test_on_dequeue_carries_the_consumer_outcome(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    outcomes: list[Outcome] = []
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    message = Message(b"x", "q", on_dequeue=lambda s: outcomes.append(s.outcome))
+    dest.enqueue(message)
+    dest.credit_changed(consumer, 1)
+    dest.settle(consumer, message, Settlement.released())
+    dest.credit_changed(consumer, 1)
+    dest.settle(consumer, message, Settlement.accepted())
+    assert outcomes == [Outcome.ACCEPTED]
+
+
+def test_forget_drops_waiting_and_held_messages_without_outcome(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    for n in range(4):
+        m = msg(n)
+        m.upstream_epoch = 1 if n % 2 else 0
+        dest.enqueue(m)
+    dest.credit_changed(consumer, 2)
+    assert dest.forget(lambda m: m.upstream_epoch == 1) == 2
+    assert dest.depth == 2
