@@ -18,6 +18,7 @@ import structlog
 from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
+from qpid_flow.guard import contain_errors
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
 
@@ -38,6 +39,7 @@ ANONYMOUS_RELAY = "ANONYMOUS-RELAY"
 _connection_ids = itertools.count(1)
 
 
+@contain_errors
 class Router(Handler):
     """Handles every client connection accepted by the listener."""
 
@@ -48,6 +50,7 @@ class Router(Handler):
         self.destinations = destinations
         self.backend = backend
         self.accepting = True  # False once shutdown began: no new credit
+        self._max_message_size = config.max_message_size
         self._producers: dict[int, tuple[Producer, Link]] = {}
         self._consumers: dict[int, tuple[Consumer, Link]] = {}
         # Transfers a policy holds (Hold), per address, in arrival order.
@@ -236,7 +239,12 @@ class Router(Handler):
             if delivery.aborted:
                 delivery.settle()
                 return
-            if delivery.readable and not delivery.partial:
+            if not delivery.readable:
+                return
+            if self._max_message_size and delivery.pending > self._max_message_size:
+                self._message_too_large(link, delivery)
+                return
+            if not delivery.partial:
                 data = link.recv(delivery.pending)
                 link.advance()
                 self._on_transfer(link, delivery, data)
@@ -254,6 +262,17 @@ class Router(Handler):
             if destination is not None:
                 destination.settle(consumer, message, settlement)
                 self.backend.demand_changed(destination)
+
+    def _message_too_large(self, link: Link, delivery: Delivery) -> None:
+        """A transfer grew past max_message_size: end the link as AMQP 1.0 says (2.7.3)."""
+        limit = self._max_message_size
+        log.warning("message_too_large", connection=link.connection.qf_id, link=link.name, limit=limit)
+        self._link_gone(link)
+        delivery.settle()
+        link.condition = Condition(
+            "amqp:link:message-size-exceeded", f"message larger than max_message_size ({limit} bytes)"
+        )
+        link.close()
 
     def _on_transfer(self, link: Link, delivery: Delivery, data: bytes) -> None:
         producer: Producer = link.qf_producer

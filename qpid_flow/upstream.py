@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import structlog
 from proton import Condition, Endpoint, Handler, Link
 
+from qpid_flow.guard import contain_errors
 from qpid_flow.model import Message, Outcome, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
 
@@ -76,6 +77,7 @@ class _Receiver:
         self.link: Link | None = None
 
 
+@contain_errors
 class BrokerBackend(Handler):
     """The :class:`~qpid_flow.backend.Backend` for a broker behind qpid-flow."""
 

@@ -136,6 +136,7 @@ s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((host, int(port)))
 s.listen()
+print('{{"event": "listening"}}', flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 while True:
     s.accept()[0].close()

@@ -281,3 +281,24 @@ def test_sigterm_releases_what_consumers_hold_back_to_the_broker(rabbitmq, qpid_
     while rabbitmq.queue_depth(queue) != 50 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert rabbitmq.queue_depth(queue) == 50
+
+
+def test_oversized_message_ends_that_link_only(qpid_flow_process) -> None:
+    router = qpid_flow_process(config_text='max_message_size = "64 KB"\n')
+    big = Producer(router.url, "sizes", [Message(body="x" * 200_000)], timeout=20)
+    small = Producer(router.url, "sizes", [make_message("p", i) for i in range(100)])
+    run_all(big, small)
+    assert big.error is not None and "amqp:link:message-size-exceeded" in big.error
+    assert small.error is None
+    assert Counter(small.outcomes.values()) == {"accepted": 100}
+
+
+def test_clients_that_send_credentials_are_served(router) -> None:
+    """Clients configured for the broker (user and password in the URL) need no change."""
+    address = unique("creds")
+    url = router.url.replace("amqp://", "amqp://guest:guest@")
+    producer = Producer(url, address, [make_message("p", i) for i in range(10)])
+    consumer = Consumer(url, address, count=10, prefetch=10)
+    run_all(producer, consumer)
+    assert producer.error is None and consumer.error is None
+    assert len(consumer.received) == 10

@@ -1,0 +1,107 @@
+"""The plugin seam: every hook documented, built-ins overridable and disableable, errors contained."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from qpid_flow import hookimpl, hookspecs
+from qpid_flow.config import DestinationPolicy
+from qpid_flow.destination import Destination
+from qpid_flow.manager import Hooks, build_plugin_manager
+from qpid_flow.model import Consumer, Hold, Message, Producer, Reject
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
+
+
+@pytest.mark.parametrize("name", hookspecs.hook_names())
+def test_every_hook_is_documented_with_its_exact_signature(name: str) -> None:
+    signature = f"### `{name}{inspect.signature(getattr(hookspecs, name))}`"
+    assert signature in DOC.read_text(), f"docs/plugins.md lacks {signature}"
+
+
+def test_question_hooks_are_firstresult_and_notifications_are_not() -> None:
+    for name in hookspecs.hook_names():
+        firstresult = getattr(hookspecs, name).qpid_flow_spec["firstresult"]
+        is_question = name in {"qpid_flow_producer_credit", "qpid_flow_transfer_arrived", "qpid_flow_consumer_select"}
+        assert firstresult is is_question, name
+
+
+def test_an_installed_plugin_is_asked_before_the_builtin() -> None:
+    class Strict:
+        @hookimpl
+        def qpid_flow_transfer_arrived(self, message: Message) -> Reject | None:
+            return Reject("too big") if message.size > 3 else None
+
+    pm = build_plugin_manager()
+    pm.register(Strict(), name="strict")
+    hooks = Hooks(pm)
+    dest = Destination("q", DestinationPolicy(), hooks)
+    producer = Producer("q")
+    assert hooks.transfer_arrived(producer=producer, message=Message(b"12345", "q"), destination=dest) == Reject(
+        "too big"
+    )
+    assert type(hooks.transfer_arrived(producer=producer, message=Message(b"1", "q"), destination=dest)).__name__ == (
+        "Admit"
+    )
+
+
+def test_a_builtin_can_be_disabled_by_name() -> None:
+    pm = build_plugin_manager(disabled=["passthrough"])
+    assert pm.get_plugin("passthrough") is None
+    assert pm.is_blocked("passthrough")
+
+
+def test_plugins_named_in_the_environment_are_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("qf_env_plugin")
+    seen: list[str] = []
+
+    @hookimpl
+    def qpid_flow_destination_created(destination: Destination) -> None:
+        seen.append(destination.address)
+
+    module.qpid_flow_destination_created = qpid_flow_destination_created  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "qf_env_plugin", module)
+    monkeypatch.setenv("QPID_FLOW_PLUGINS", "qf_env_plugin")
+    hooks = Hooks(build_plugin_manager())
+    hooks.destination_created(destination=Destination("x", DestinationPolicy(), hooks))
+    assert seen == ["x"]
+
+
+def test_a_failing_plugin_is_contained_with_the_safest_answer() -> None:
+    class Broken:
+        @hookimpl
+        def qpid_flow_producer_credit(self) -> int:
+            raise RuntimeError("bug")
+
+        @hookimpl
+        def qpid_flow_consumer_select(self) -> Consumer:
+            raise RuntimeError("bug")
+
+        @hookimpl
+        def qpid_flow_message_enqueued(self) -> None:
+            raise RuntimeError("bug")
+
+    pm = build_plugin_manager()
+    pm.register(Broken(), name="broken")
+    hooks = Hooks(pm)
+    dest = Destination("q", DestinationPolicy(), hooks)
+    assert hooks.producer_credit(producer=Producer("q"), destination=dest) == 0
+    consumer = Consumer("q", lambda c, m: None)
+    assert isinstance(hooks.consumer_select(destination=dest, message=Message(b"x", "q"), consumers=[consumer]), Hold)
+    dest.enqueue(Message(b"x", "q"))  # the notification raised; the destination carries on
+    assert dest.depth == 1
+
+
+def test_passthrough_keeps_a_window_topped_up_in_batches() -> None:
+    hooks = Hooks(build_plugin_manager())
+    producer = Producer("q")
+    assert hooks.producer_credit(producer=producer, destination=None) == 100
+    producer.credit, producer.unsettled = 60, 10  # 30 missing: less than half a window
+    assert hooks.producer_credit(producer=producer, destination=None) == 0
+    producer.credit, producer.unsettled = 20, 10  # 70 missing
+    assert hooks.producer_credit(producer=producer, destination=None) == 70
