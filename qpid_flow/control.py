@@ -10,6 +10,7 @@ from proton import Handler
 if TYPE_CHECKING:
     from proton.reactor import Container
 
+    from qpid_flow.bridge import ReactorBridge
     from qpid_flow.destination import Destination
     from qpid_flow.registry import Destinations
     from qpid_flow.router import Router
@@ -27,12 +28,21 @@ class _Timer(Handler):
 
 
 class RouterControl:
-    """A narrow, stable facade over the router for plugins. Reactor thread only."""
+    """A narrow, stable facade over the router for plugins. Reactor thread only, except
+    :meth:`call_from_thread`."""
 
-    def __init__(self, container: Container, router: Router, destinations: Destinations) -> None:
+    def __init__(
+        self, container: Container, router: Router, destinations: Destinations, bridge: ReactorBridge
+    ) -> None:
         self._container = container
         self._router = router
         self._destinations = destinations
+        self._bridge = bridge
+
+    def call_from_thread(self, callback: Callable[[], Any]) -> None:
+        """Run ``callback`` on the reactor thread soon. The one method that is safe to call
+        from another thread: a plugin's worker thread hands its results over with it."""
+        self._bridge.call_soon(callback)
 
     def schedule(self, delay: float, callback: Callable[[], Any]) -> None:
         """Run ``callback`` on the reactor thread after ``delay`` seconds."""

@@ -57,8 +57,6 @@ class Router(Handler):
         self._held: dict[str, list[Message]] = {}
         self._tags = itertools.count(1)
         self.connections: set[Connection] = set()
-        # Set by the server: called on the reactor thread when a signal asked to stop.
-        self.on_qf_shutdown: Any = None
 
     # --- connections ----------------------------------------------------------------------
 

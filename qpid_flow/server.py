@@ -16,9 +16,10 @@ from typing import Any
 
 import structlog
 from proton import Handler
-from proton.reactor import ApplicationEvent, Container, EventInjector
+from proton.reactor import Container
 
 from qpid_flow.backend import Backend
+from qpid_flow.bridge import ReactorBridge
 from qpid_flow.config import RouterConfig
 from qpid_flow.control import RouterControl
 from qpid_flow.manager import Hooks, build_plugin_manager
@@ -57,17 +58,16 @@ class Server(Handler):
                 on_link_failed=self.router.upstream_link_failed,
             )
             self.router.backend = self.backend
-        self.control = RouterControl(self.container, self.router, self.destinations)
-        self._injector = EventInjector()
+        self.bridge = ReactorBridge()
+        self.control = RouterControl(self.container, self.router, self.destinations, self.bridge)
         self._acceptor: Any = None
         self._deadline = 0.0
         self._stopping = False
-        self.router.on_qf_shutdown = self._begin_shutdown  # the injected event lands on the router
 
     def run(self) -> None:
         host, port = self.config.listen.rsplit(":", 1)
         self.container.handler = self.router
-        self.container.selectable(self._injector)
+        self.container.selectable(self.bridge.injector)
         self._acceptor = self.container.listen(f"{host}:{port}")
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
@@ -85,9 +85,9 @@ class Server(Handler):
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         # Signal handlers run between bytecodes: hand over to the reactor thread safely.
-        self._injector.trigger(ApplicationEvent("qf_shutdown"))
+        self.bridge.call_soon(self._begin_shutdown)
 
-    def _begin_shutdown(self, _event: Any = None) -> None:
+    def _begin_shutdown(self) -> None:
         if self._stopping:
             return
         self._stopping = True
@@ -109,7 +109,7 @@ class Server(Handler):
         self.router.release_consumers()
         self.backend.shutdown()
         self.router.close_connections("qpid-flow is shutting down")
-        self._injector.close()
+        self.bridge.close()
         # Let the close frames go out, then end the loop even if a peer never answers.
         self.container.schedule(1.0, _Stop(self.container))
 
