@@ -1,15 +1,33 @@
-"""The ``qpid-flow`` command line."""
+"""The ``qpid-flow`` command line: ``serve`` runs the router; the other commands are
+clients of a running router's admin endpoint (``serve --admin HOST:PORT``).
+
+The client commands use ``urllib.request`` only, so a plain installation can administer
+a router without extra dependencies.
+"""
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import os
 import sys
-from collections.abc import Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import quote
 
 from qpid_flow import __version__
 from qpid_flow.config import ConfigError, load_config
 
-__all__ = ["main"]
+__all__ = ["DEFAULT_ADMIN", "build_parser", "main"]
+
+DEFAULT_ADMIN = "127.0.0.1:8673"
+
+# Exit codes of the client commands.
+_EXIT_UNREACHABLE = 1  # no admin endpoint, no answer, or an answer that is not ours
+_EXIT_REFUSED = 2  # the router answered 400 / 404: bad value or no such name
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,6 +42,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--broker",
         metavar="URL",
         help="the broker to sit in front of, e.g. amqp://guest:guest@127.0.0.1:5672 (default: standalone)",
+    )
+    serve.add_argument(
+        "--admin",
+        metavar="HOST:PORT",
+        help="serve the HTTP admin endpoint here, e.g. 127.0.0.1:8673 (default: none; no authentication)",
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["auto", "json", "console"])
@@ -41,6 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {
         "listen": args.listen,
         "broker": args.broker,
+        "admin": args.admin,
         "log_level": args.log_level,
         "log_format": args.log_format,
         "disable_plugins": args.disable_plugin,
@@ -67,14 +91,321 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- Client commands: talk to a running router's admin endpoint -----------------------------
+
+
+class _ClientError(Exception):
+    """Ends a client command with one line on stderr and an exit code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _admin_address(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. {DEFAULT_ADMIN})")
+    return text
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _size(text: str) -> int | str:
+    # A bare number is a byte count; anything else ("10 MB") goes as written and the
+    # router checks it with the same rules as the configuration file.
+    return int(text) if text.strip().isdigit() else text
+
+
+def _duration(text: str) -> float | int | str:
+    try:
+        number = float(text)
+    except ValueError:
+        return text  # "30s", "500ms": the router parses it
+    return int(number) if number.is_integer() else number
+
+
+class _Admin:
+    """A tiny JSON client for the admin endpoint."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self.timeout = timeout
+        # No proxies: the endpoint is on loopback or a trusted network, and an
+        # http_proxy in the environment must not capture requests to it.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(f"http://{self.address}{path}", data=data, method=method)
+        request.add_header("Accept", "application/json")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise self._http_error(exc) from exc
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise self._no_answer() from exc
+            raise self._unreachable() from exc
+        except TimeoutError as exc:
+            raise self._no_answer() from exc
+        except ConnectionError as exc:
+            raise self._unreachable() from exc
+        except http.client.HTTPException as exc:
+            raise self._not_ours(exc) from exc
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise self._not_ours(exc) from exc
+
+    def _http_error(self, exc: urllib.error.HTTPError) -> _ClientError:
+        try:
+            message = str(json.loads(exc.read())["error"])
+        except Exception:  # not our JSON: fall back to the status line
+            message = f"HTTP {exc.code} {exc.reason}"
+        if exc.code in (400, 404):
+            return _ClientError(_EXIT_REFUSED, message)
+        return _ClientError(_EXIT_UNREACHABLE, f"the admin endpoint at {self.address} answered {exc.code}: {message}")
+
+    def _unreachable(self) -> _ClientError:
+        return _ClientError(
+            _EXIT_UNREACHABLE,
+            f"cannot reach the admin endpoint at {self.address} (is 'qpid-flow serve --admin {self.address}' running?)",
+        )
+
+    def _no_answer(self) -> _ClientError:
+        return _ClientError(
+            _EXIT_UNREACHABLE, f"no answer from the admin endpoint at {self.address} within {self.timeout:g} s"
+        )
+
+    def _not_ours(self, exc: Exception) -> _ClientError:
+        return _ClientError(_EXIT_UNREACHABLE, f"{self.address} did not answer like a qpid-flow admin endpoint ({exc})")
+
+
+def _client(args: argparse.Namespace) -> _Admin:
+    return _Admin(args.admin, args.timeout)
+
+
+def _path_name(name: str) -> str:
+    # Addresses may contain "/" (e.g. /queue/orders): quote it so the name stays one segment.
+    return quote(name, safe="")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "Y" if value else "N"
+    if isinstance(value, list | dict):
+        return str(len(value))
+    return str(value)
+
+
+def _pick(record: dict[str, Any], *keys: str) -> Any:
+    """The first of ``keys`` present in ``record`` (TOML spelling first, then camelCase)."""
+    for key in keys:
+        if key in record:
+            return record[key]
+    return None
+
+
+def _pair(record: dict[str, Any], first: tuple[str, ...], second: tuple[str, ...]) -> str:
+    a, b = _pick(record, *first), _pick(record, *second)
+    if a is None and b is None:
+        return "-"
+    return f"{_cell(a)}/{_cell(b)}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """qpid-stat style: first column left-aligned, the rest right-aligned, a rule under the header."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  " + "  ".join(parts).rstrip()
+
+    rule = "  " + "=" * (sum(widths) + 2 * (len(widths) - 1))
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+# name -> how to read it from a stat record
+_STAT_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("name", lambda r: _cell(r.get("name"))),
+    ("depth", lambda r: _cell(r.get("depth"))),
+    ("bytes", lambda r: _cell(r.get("bytes"))),
+    ("flowStopped", lambda r: _cell(r.get("flowStopped"))),
+    ("flowStoppedCount", lambda r: _cell(r.get("flowStoppedCount"))),
+    (
+        "stop/resume-count",
+        lambda r: _pair(r, ("flow_stop_count", "flowStopCount"), ("flow_resume_count", "flowResumeCount")),
+    ),
+    (
+        "stop/resume-size",
+        lambda r: _pair(r, ("flow_stop_size", "flowStopSize"), ("flow_resume_size", "flowResumeSize")),
+    ),
+    ("max-count", lambda r: _cell(_pick(r, "max_count", "maxCount"))),
+    ("max-size", lambda r: _cell(_pick(r, "max_size", "maxSize"))),
+    ("producers", lambda r: _cell(r.get("producers"))),
+    ("blocked", lambda r: _cell(r.get("producersBlocked"))),
+    ("consumers", lambda r: _cell(r.get("consumers"))),
+    ("groups", lambda r: _cell(r.get("groups"))),
+]
+
+
+def _stat(args: argparse.Namespace) -> int:
+    records = _client(args).request("GET", "/v1/destinations")["destinations"]
+    records = sorted(records, key=lambda r: str(r.get("name", "")))
+    if args.json:
+        _print_json({str(r.get("name")): r for r in records})
+    else:
+        rows = [[read(r) for _, read in _STAT_COLUMNS] for r in records]
+        print(_table([h for h, _ in _STAT_COLUMNS], rows))
+    return 0
+
+
+# flag, TOML key, argparse type, metavar, help. Mirrors qpid-config add queue.
+_DESTINATION_FLAGS: list[tuple[str, str, Callable[[str], Any], str, str]] = [
+    ("--max-count", "max_count", int, "N", "most messages the destination holds (0: unlimited)"),
+    ("--max-size", "max_size", _size, "SIZE", "most bytes it holds, e.g. '10 MB' (0: unlimited)"),
+    ("--flow-stop-count", "flow_stop_count", int, "N", "hold producers back above this many messages"),
+    ("--flow-resume-count", "flow_resume_count", int, "N", "let them go again below this many messages"),
+    ("--flow-stop-size", "flow_stop_size", _size, "SIZE", "hold producers back above this many bytes"),
+    ("--flow-resume-size", "flow_resume_size", _size, "SIZE", "let them go again below this many bytes"),
+    ("--reject-after", "reject_after", _duration, "DURATION", "reject a transfer held back longer, e.g. '30s'"),
+    ("--group-header", "group_header", str, "KEY", "application property naming a message's group"),
+    ("--group-lease", "group_lease", _duration, "DURATION", "how long an idle group stays pinned to its consumer"),
+]
+_DESTINATION_KEYS = [key for _, key, *_ in _DESTINATION_FLAGS] + ["limit_policy", "shared_groups"]
+
+
+def _config_add_destination(args: argparse.Namespace) -> int:
+    # Only the flags given are sent: the router fills in the rest from its defaults.
+    settings = {key: getattr(args, key) for key in _DESTINATION_KEYS if getattr(args, key) is not None}
+    _print_json(_client(args).request("PUT", f"/v1/destinations/{_path_name(args.name)}", settings))
+    return 0
+
+
+def _config_del_destination(args: argparse.Namespace) -> int:
+    _print_json(_client(args).request("DELETE", f"/v1/destinations/{_path_name(args.name)}"))
+    return 0
+
+
+def _producers(args: argparse.Namespace) -> int:
+    _print_json(_client(args).request("POST", f"/v1/producers/{args.action}", {"pattern": args.pattern}))
+    return 0
+
+
+def _groups(args: argparse.Namespace) -> int:
+    answer = _client(args).request("GET", f"/v1/groups/{_path_name(args.destination)}")
+    if args.json:
+        _print_json(answer)
+        return 0
+    rows = [
+        [_cell(g.get("group")), _cell(g.get("owner")), _cell(g.get("held")), _cell(g.get("waiting"))]
+        for g in answer.get("groups", [])
+    ]
+    print(_table(["group", "owner", "held", "waiting"], rows))
+    return 0
+
+
+def _client_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--admin",
+        metavar="HOST:PORT",
+        type=_admin_address,
+        # Read when the parser is built (each main() call), so tests and shells can set it.
+        default=os.environ.get("QPID_FLOW_ADMIN") or DEFAULT_ADMIN,
+        help=f"the router's admin endpoint (default $QPID_FLOW_ADMIN or {DEFAULT_ADMIN})",
+    )
+    common.add_argument(
+        "--timeout", metavar="SECONDS", type=_positive_seconds, default=10.0, help="give up after this long (10)"
+    )
+    return common
+
+
+def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = _client_options()
+
+    stat = sub.add_parser(
+        "stat", parents=[common], help="destination statistics", description="Show every destination (qpid-stat -q)."
+    )
+    stat.add_argument("--json", action="store_true", help="one JSON object keyed by destination name")
+    stat.set_defaults(func=_stat)
+
+    config = sub.add_parser("config", help="add or remove destination policies", description="Change policies.")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    add = config_sub.add_parser("add", help="add or replace a policy").add_subparsers(dest="object", required=True)
+    destination = add.add_parser(
+        "destination",
+        parents=[common],
+        help="add or replace a destination policy",
+        description="Add or replace the policy of a destination name or pattern (like qpid-config add queue). "
+        "Only the options given are set; the rest fall back to the router-wide defaults.",
+    )
+    destination.add_argument("name", metavar="NAME", help="destination name or pattern (e.g. orders, PRICES.>)")
+    for flag, key, kind, metavar, text in _DESTINATION_FLAGS:
+        destination.add_argument(flag, dest=key, type=kind, metavar=metavar, help=text)
+    destination.add_argument(
+        "--limit-policy", dest="limit_policy", choices=["flow", "reject", "ring"], help="what a full destination does"
+    )
+    destination.add_argument(
+        "--shared-groups",
+        dest="shared_groups",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="group ownership is shared by every consumer of the destination",
+    )
+    destination.set_defaults(func=_config_add_destination)
+    delete = config_sub.add_parser("del", help="remove a policy").add_subparsers(dest="object", required=True)
+    remove = delete.add_parser("destination", parents=[common], help="remove a destination policy")
+    remove.add_argument("name", metavar="NAME", help="destination name or pattern, as added")
+    remove.set_defaults(func=_config_del_destination)
+
+    producers = sub.add_parser("producers", help="stop or start producers by address pattern")
+    producers_sub = producers.add_subparsers(dest="action", required=True)
+    for action, text in (("stop", "hold back producers to matching addresses"), ("start", "let them go again")):
+        command = producers_sub.add_parser(action, parents=[common], help=text, description=text.capitalize() + ".")
+        command.add_argument("pattern", metavar="PATTERN", help="address or pattern (e.g. orders, PRICES.>)")
+        command.set_defaults(func=_producers)
+
+    groups = sub.add_parser(
+        "groups", parents=[common], help="message groups of a destination", description="Show who owns each group."
+    )
+    groups.add_argument("destination", metavar="DEST", help="destination name")
+    groups.add_argument("--json", action="store_true", help="the endpoint's JSON answer")
+    groups.set_defaults(func=_groups)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qpid-flow", description="AMQP 1.0 flow-control and message-group router")
     parser.add_argument("--version", action="version", version=f"qpid-flow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _client_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except _ClientError as exc:
+        print(f"qpid-flow: {exc.message}", file=sys.stderr)
+        return exc.code

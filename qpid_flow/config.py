@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from qpid_flow.flow import FlowLimits, LimitError, flow_limits
+
 __all__ = [
     "ConfigError",
     "DestinationPolicy",
@@ -90,6 +92,12 @@ def _positive_int(value: Any, key: str) -> int:
     return value
 
 
+def _percent(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise ConfigError(key, value, "must be a percentage from 0 to 100")
+    return value
+
+
 def _boolean(value: Any, key: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -144,6 +152,16 @@ class DestinationPolicy:
     pattern: str = ">"
     max_count: int | None = None
     max_size: int | None = None
+    flow_stop_count: int | None = None
+    flow_resume_count: int | None = None
+    flow_stop_size: int | None = None
+    flow_resume_size: int | None = None
+    limit_policy: str | None = None  # "flow" (default), "reject", "ring"
+    reject_after: float | None = None  # seconds: block, then reject (sendFailIfNoSpaceAfterTimeout)
+
+    @property
+    def policy(self) -> str:
+        return self.limit_policy or "flow"
 
     def merged_over(self, base: DestinationPolicy) -> DestinationPolicy:
         """This policy's explicit values, falling back to ``base`` for the rest."""
@@ -155,12 +173,22 @@ class DestinationPolicy:
 _DESTINATION_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "max_count": ("max_count", _non_negative_int),
     "max_size": ("max_size", parse_size),
+    "flow_stop_count": ("flow_stop_count", _non_negative_int),
+    "flow_resume_count": ("flow_resume_count", _non_negative_int),
+    "flow_stop_size": ("flow_stop_size", parse_size),
+    "flow_resume_size": ("flow_resume_size", parse_size),
+    "limit_policy": ("limit_policy", _one_of("flow", "reject", "ring")),
+    "reject_after": ("reject_after", parse_duration),
     "qpid.max_count": ("max_count", _non_negative_int),
     "qpid.max_size": ("max_size", parse_size),
+    "qpid.flow_stop_count": ("flow_stop_count", _non_negative_int),
+    "qpid.flow_resume_count": ("flow_resume_count", _non_negative_int),
+    "qpid.flow_stop_size": ("flow_stop_size", parse_size),
+    "qpid.flow_resume_size": ("flow_resume_size", parse_size),
 }
 
 
-def _parse_destination(pattern: str, table: Any) -> DestinationPolicy:
+def parse_destination(pattern: str, table: Any) -> DestinationPolicy:
     where = f'destinations."{pattern}"'
     if not isinstance(table, dict):
         raise ConfigError(where, table, "must be a table of settings")
@@ -171,7 +199,12 @@ def _parse_destination(pattern: str, table: Any) -> DestinationPolicy:
             raise ConfigError(f"{where}.{key}", raw, "unknown key; known: " + ", ".join(_DESTINATION_KEYS))
         name, parse = _DESTINATION_KEYS[key]
         values[name] = parse(raw, f"{where}.{key}")
-    return DestinationPolicy(pattern=pattern, **values)
+    policy = DestinationPolicy(pattern=pattern, **values)
+    if policy.reject_after is not None and policy.policy != "flow":
+        raise ConfigError(
+            f"{where}.reject_after", table.get("reject_after"), f"does not combine with limit_policy {policy.policy!r}"
+        )
+    return policy
 
 
 def _check_pattern(pattern: str, where: str) -> None:
@@ -218,6 +251,9 @@ class RouterConfig:
     auto_create: bool = True
     reconnect_max_delay: float = 5.0
     shutdown_timeout: float = 5.0
+    default_flow_stop_threshold: int = 80
+    default_flow_resume_threshold: int = 70
+    memory_limit: int = 0
     log_level: str = "info"
     log_format: str = "auto"
     disable_plugins: list[str] = field(default_factory=list)
@@ -232,17 +268,37 @@ class RouterConfig:
         """The ``[plugins.NAME]`` table, empty when absent."""
         return self.plugins.get(name, {})
 
+    def flow_limits(self, policy: DestinationPolicy) -> tuple[FlowLimits, list[str]]:
+        """Stop/resume thresholds in force for ``policy`` (see :mod:`qpid_flow.flow`)."""
+        return flow_limits(policy, self.default_flow_stop_threshold, self.default_flow_resume_threshold)
+
+    def check_flow_limits(self, policy: DestinationPolicy, where: str) -> list[str]:
+        """Refuse thresholds that break the rules, as a ConfigError naming the key."""
+        try:
+            return self.flow_limits(policy)[1]
+        except LimitError as exc:
+            raise ConfigError(f"{where}.{exc.key}", exc.value, exc.rule) from exc
+
+    def base_policy(self) -> DestinationPolicy:
+        """What a destination gets from the router-wide defaults alone."""
+        return DestinationPolicy(pattern="", max_count=self.default_max_count, max_size=self.default_max_size)
+
     def policy_for(self, address: str) -> DestinationPolicy:
         """The policy in force for ``address``: exact name first, then the most specific pattern."""
-        base = DestinationPolicy(pattern=">", max_count=self.default_max_count, max_size=self.default_max_size)
-        exact = self.destinations.get(address)
-        if exact is not None:
-            return exact.merged_over(base)
-        matching = [p for p in self.destinations if pattern_matches(p, address)]
-        if not matching:
-            return replace(base, pattern="")
-        best = max(matching, key=_specificity)
-        return self.destinations[best].merged_over(base)
+        return resolve_policy(self.destinations, address, self.base_policy())
+
+
+def resolve_policy(
+    policies: Mapping[str, DestinationPolicy], address: str, base: DestinationPolicy
+) -> DestinationPolicy:
+    """The policy of ``policies`` that applies to ``address``, over ``base``."""
+    exact = policies.get(address)
+    if exact is not None:
+        return exact.merged_over(base)
+    matching = [p for p in policies if pattern_matches(p, address)]
+    if not matching:
+        return base
+    return policies[max(matching, key=_specificity)].merged_over(base)
 
 
 _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
@@ -257,6 +313,9 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "auto_create": _boolean,
     "reconnect_max_delay": parse_duration,
     "shutdown_timeout": parse_duration,
+    "default_flow_stop_threshold": _percent,
+    "default_flow_resume_threshold": _percent,
+    "memory_limit": parse_size,
     "log_level": _one_of("debug", "info", "warning", "error"),
     "log_format": _one_of("auto", "json", "console"),
     "disable_plugins": _string_list,
@@ -276,7 +335,7 @@ def build_config(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = 
         if key == "destinations":
             if not isinstance(raw, dict):
                 raise ConfigError(key, raw, 'must be tables: [destinations."NAME"]')
-            destinations = {pattern: _parse_destination(pattern, table) for pattern, table in raw.items()}
+            destinations = {pattern: parse_destination(pattern, table) for pattern, table in raw.items()}
         elif key == "plugins":
             if not isinstance(raw, dict) or not all(isinstance(t, dict) for t in raw.values()):
                 raise ConfigError(key, raw, "must be tables: [plugins.NAME]")
@@ -285,7 +344,16 @@ def build_config(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = 
             values[key] = _ROUTER_KEYS[key](raw, key)
         else:
             raise ConfigError(key, raw, "unknown key; known: " + ", ".join([*_ROUTER_KEYS, "destinations", "plugins"]))
-    return RouterConfig(destinations=destinations, plugins=plugins, **values)
+    config = RouterConfig(destinations=destinations, plugins=plugins, **values)
+    if config.default_flow_resume_threshold > config.default_flow_stop_threshold:
+        raise ConfigError(
+            "default_flow_resume_threshold",
+            config.default_flow_resume_threshold,
+            f"must not be above default_flow_stop_threshold ({config.default_flow_stop_threshold})",
+        )
+    for pattern in destinations:
+        config.check_flow_limits(config.policy_for(pattern), f'destinations."{pattern}"')
+    return config
 
 
 def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> RouterConfig:

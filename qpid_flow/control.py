@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from qpid_flow.bridge import ReactorBridge
     from qpid_flow.destination import Destination
+    from qpid_flow.memory import MemoryMeter
     from qpid_flow.registry import Destinations
     from qpid_flow.router import Router
 
@@ -32,12 +33,19 @@ class RouterControl:
     :meth:`call_from_thread`."""
 
     def __init__(
-        self, container: Container, router: Router, destinations: Destinations, bridge: ReactorBridge
+        self,
+        container: Container,
+        router: Router,
+        destinations: Destinations,
+        bridge: ReactorBridge,
+        memory: MemoryMeter,
     ) -> None:
         self._container = container
         self._router = router
         self._destinations = destinations
         self._bridge = bridge
+        # Bytes of messages qpid-flow holds, against ``memory_limit`` (read ``.over``).
+        self.memory = memory
 
     def call_from_thread(self, callback: Callable[[], Any]) -> None:
         """Run ``callback`` on the reactor thread soon. The one method that is safe to call
@@ -56,8 +64,8 @@ class RouterControl:
         return iter(self._destinations)
 
     def wake(self, address: str | None = None) -> None:
-        """A policy's answer may have changed: re-ask it about held transfers, producer
-        credit and waiting messages (for ``address``, or everywhere)."""
+        """A policy's answer may have changed: re-ask it about held transfers, delayed
+        settlements, producer credit and waiting messages (for ``address``, or everywhere)."""
         targets = [self._destinations.find(address)] if address else list(self._destinations)
         for destination in targets:
             if destination is None:
@@ -67,5 +75,9 @@ class RouterControl:
         self._router.grant_all(address)
 
     def held_transfers(self, address: str) -> int:
-        """How many transfers to ``address`` a policy is holding unsettled."""
+        """How many transfers to ``address`` a policy is holding unforwarded."""
         return self._router.held_count(address)
+
+    def delayed_producers(self, address: str) -> int:
+        """How many producers wait for the settlement of a transfer to ``address``."""
+        return self._router.delayed_producers(address)

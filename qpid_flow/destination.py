@@ -22,11 +22,15 @@ from qpid_flow.model import Consumer, Hold, Message, Outcome, Producer, Settleme
 if TYPE_CHECKING:
     from qpid_flow.config import DestinationPolicy
     from qpid_flow.manager import Hooks
+    from qpid_flow.memory import MemoryMeter
 
 __all__ = ["Destination"]
 
 # How far past a message that must wait the dispatcher looks for others that can go.
 DEFAULT_LOOKAHEAD = 1000
+
+RING_DROPPED = Settlement(Outcome.REJECTED, "qpid-flow:ring-dropped", "dropped to make room on a ring destination")
+PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator")
 
 
 class Destination:
@@ -39,21 +43,29 @@ class Destination:
         hooks: Hooks,
         clock: Callable[[], float] = time.monotonic,
         lookahead: int = DEFAULT_LOOKAHEAD,
+        memory: MemoryMeter | None = None,
     ) -> None:
         self.address = address
         self.policy = policy
         self._hooks = hooks
         self._clock = clock
         self._lookahead = lookahead
+        self._memory = memory
         self.queue: deque[Message] = deque()  # ready for a consumer, in order
         self.consumers: list[Consumer] = []
         self.producers: set[Producer] = set()
-        # Depth counts every message not yet dequeued: waiting ones and those a consumer
-        # holds unsettled (as qpidd counts acquired messages).
+        # Depth counts every message admitted and not yet dequeued: waiting ones and those
+        # a consumer holds unsettled (as qpidd counts acquired messages). In front of a
+        # broker it is what passed through qpid-flow (and what a plugin learns from the
+        # broker); standalone, what the queue holds.
         self.depth = 0
         self.bytes = 0
         self.enqueued_total = 0
         self.dequeued_total = 0
+        self.ring_dropped = 0
+        self.largest_message = 0  # for estimating how many more messages fit in bytes
+        # In front of a broker: forwarded, and the broker has not given its outcome yet.
+        self.in_flight = 0
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
@@ -76,13 +88,37 @@ class Destination:
 
     # --- messages in --------------------------------------------------------------------
 
-    def enqueue(self, message: Message) -> None:
-        """Add a message at the back and hand it out if a consumer can take it."""
+    def count_in(self, message: Message) -> None:
+        """A message was admitted to this destination: it counts in the depth now."""
+        size = message.size
+        self.depth += 1
+        self.bytes += size
+        self.enqueued_total += 1
+        if size > self.largest_message:
+            self.largest_message = size
+        self._hooks.depth_changed(destination=self)
+
+    def count_out(self, message: Message) -> None:
+        """A message left for good (or never made it to the broker)."""
+        # Messages a producer put in the broker directly are consumed through qpid-flow
+        # without having been counted in: never go below zero.
+        self.depth = max(0, self.depth - 1)
+        self.bytes = max(0, self.bytes - message.size)
+        self.dequeued_total += 1
+        self._hooks.depth_changed(destination=self)
+
+    def enqueue(self, message: Message, counted: bool = True) -> None:
+        """Add a message at the back and hand it out if a consumer can take it.
+
+        ``counted=False`` for a message fetched from the broker: it was counted when it
+        passed through qpid-flow on its way in (or the broker's backlog counts it).
+        """
         message.enqueued_at = self._clock()
         self.queue.append(message)
-        self.depth += 1
-        self.bytes += message.size
-        self.enqueued_total += 1
+        if self._memory is not None:
+            self._memory.add(message.size)
+        if counted:
+            self.count_in(message)
         self._hooks.message_enqueued(destination=self, message=message)
         if self.consumers:
             self.dispatch()
@@ -174,35 +210,63 @@ class Destination:
         self.dispatch()
 
     def _dequeue(self, message: Message, consumer: Consumer | None, settlement: Settlement) -> None:
-        self.depth -= 1
-        self.bytes -= message.size
-        self.dequeued_total += 1
+        if self._memory is not None:
+            self._memory.sub(message.size)
         if message.on_dequeue is not None:
             message.on_dequeue(settlement)
+        self.count_out(message)
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
+
+    def drop_oldest(self) -> bool:
+        """Ring: drop the oldest waiting message to make room. False if none is waiting."""
+        if not self.queue:
+            return False
+        message = self.queue.popleft()
+        self.ring_dropped += 1
+        self._dequeue(message, None, RING_DROPPED)
+        return True
+
+    def purge(self) -> int:
+        """Drop every waiting message (not those consumers hold). Returns how many."""
+        dropped = 0
+        while self.queue:
+            self._dequeue(self.queue.popleft(), None, PURGED)
+            dropped += 1
+        return dropped
+
+    def set_broker_backlog(self, ready: int) -> None:
+        """What the broker says it holds ready for this address (from a plugin).
+
+        The depth becomes that, plus what qpid-flow fetched and holds unsettled, plus what
+        it forwarded and the broker has not confirmed yet. Bytes are estimated from the
+        average size of the messages seen.
+        """
+        fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
+        depth = max(0, ready) + fetched + self.in_flight
+        average = self.bytes // self.depth if self.depth else self.largest_message
+        self.depth = depth
+        self.bytes = depth * average
+        self._hooks.depth_changed(destination=self)
 
     def forget(self, predicate: Callable[[Message], bool]) -> int:
         """Drop messages matching ``predicate`` without an outcome (their source is gone).
 
         Used when the broker connection drops: the broker still has those messages and
-        will deliver them again. Returns how many were dropped.
+        will deliver them again, so they still count in the depth. Returns how many.
         """
-        dropped = 0
+        gone: list[Message] = []
         for consumer in self.consumers:
             for sequence, message in list(consumer.held.items()):
                 if predicate(message):
                     del consumer.held[sequence]
-                    dropped += 1
-                    self.depth -= 1
-                    self.bytes -= message.size
-        kept = deque(m for m in self.queue if not predicate(m))
+                    gone.append(message)
+        kept: deque[Message] = deque()
         for message in self.queue:
-            if predicate(message):
-                dropped += 1
-                self.depth -= 1
-                self.bytes -= message.size
+            (gone if predicate(message) else kept).append(message)
         self.queue = kept
-        return dropped
+        if self._memory is not None:
+            self._memory.sub(sum(m.size for m in gone))
+        return len(gone)
 
     # --- reading --------------------------------------------------------------------------
 
@@ -212,18 +276,27 @@ class Destination:
         return not (self.consumers or self.producers or self.depth)
 
     def stats(self) -> dict[str, Any]:
-        return {
+        """The destination's statistics; plugins add theirs (``qpid_flow_destination_stats``)."""
+        record: dict[str, Any] = {
             "name": self.address,
             "depth": self.depth,
             "bytes": self.bytes,
             "waiting": len(self.queue),
+            "held": sum(len(c.held) for c in self.consumers),
             "enqueued": self.enqueued_total,
             "dequeued": self.dequeued_total,
+            "ringDropped": self.ring_dropped,
             "producers": len(self.producers),
             "consumers": len(self.consumers),
-            "max_count": self.policy.max_count,
-            "max_size": self.policy.max_size,
+            "maxCount": self.policy.max_count or 0,
+            "maxSize": self.policy.max_size or 0,
+            "limitPolicy": self.policy.policy,
+            "policy": self.policy.pattern,
         }
+        for extra in self._hooks.destination_stats(destination=self) or ():
+            if extra:
+                record.update(extra)
+        return record
 
 
 def _sequence_of(message: Message) -> int:

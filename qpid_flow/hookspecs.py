@@ -65,6 +65,34 @@ def qpid_flow_destination_created(destination: Destination) -> None:
     """
 
 
+@hookspec
+def qpid_flow_destination_policy_changed(destination: Destination) -> None:
+    """An operator changed the policy in force for ``destination`` at runtime.
+
+    :param destination: the destination; ``destination.policy`` is the new policy.
+    """
+
+
+@hookspec
+def qpid_flow_depth_changed(destination: Destination) -> None:
+    """The depth (messages and bytes) counted for ``destination`` changed.
+
+    Called for every message counted in or out, and when a plugin corrects the depth
+    from the broker. Keep it cheap: it runs twice per message.
+
+    :param destination: the destination; read ``depth`` and ``bytes``.
+    """
+
+
+@hookspec
+def qpid_flow_destination_stats(destination: Destination) -> dict[str, Any] | None:
+    """Statistics a plugin adds to the destination's record (``qpid-flow stat``).
+
+    :param destination: the destination.
+    :return: a dict of camelCase fields to add, or None.
+    """
+
+
 # --- Producers -------------------------------------------------------------------------
 
 
@@ -102,6 +130,25 @@ def qpid_flow_transfer_arrived(producer: Producer, message: Message, destination
         :class:`~qpid_flow.model.Hold` to keep it unsettled until the policy releases
         it with ``control.release_held(...)``, or :class:`~qpid_flow.model.Reject` to
         settle it ``rejected`` with the given condition.
+    """
+
+
+@hookspec(firstresult=True)
+def qpid_flow_settlement_delay(
+    producer: Producer, message: Message, destination: Destination, settlement: Settlement
+) -> bool | None:
+    """Whether telling the producer its transfer's outcome must wait. Stops at first non-None result.
+
+    Asked when the outcome is known (the broker's or the standalone destination's). This
+    is how flow control holds back producers that credit cannot stop, such as
+    anonymous-relay links: their settlement waits until every destination of the
+    transfer resumes. Asked again, in order, when a plugin calls ``control.wake(address)``.
+
+    :param producer: the link the transfer came on.
+    :param message: the message.
+    :param destination: its destination.
+    :param settlement: the outcome the producer will be given.
+    :return: True to keep the producer waiting; False or None to settle now.
     """
 
 

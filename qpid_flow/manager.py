@@ -33,6 +33,7 @@ ENTRY_POINT_GROUP = "qpid_flow"
 # name -> module; each module's ``Plugin()`` is registered (its methods carry @hookimpl).
 BUILTIN_PLUGINS: dict[str, str] = {
     "passthrough": "qpid_flow.builtin.passthrough",
+    "flow": "qpid_flow.builtin.flow",
 }
 
 
@@ -87,6 +88,9 @@ class Hooks:
         self.started = self._notify(h.qpid_flow_started)
         self.stopping = self._notify(h.qpid_flow_stopping)
         self.destination_created = self._notify(h.qpid_flow_destination_created)
+        self.destination_policy_changed = self._notify(h.qpid_flow_destination_policy_changed)
+        self.depth_changed = self._notify(h.qpid_flow_depth_changed)
+        self.destination_stats = self._notify(h.qpid_flow_destination_stats)
         self.producer_attached = self._notify(h.qpid_flow_producer_attached)
         self.producer_detached = self._notify(h.qpid_flow_producer_detached)
         self.transfer_settled = self._notify(h.qpid_flow_transfer_settled)
@@ -101,6 +105,7 @@ class Hooks:
             "qpid_flow_transfer_arrived",
             Reject("a qpid-flow policy failed on this transfer", condition="amqp:internal-error"),
         )
+        self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, "qpid_flow_settlement_delay", False)
         self.consumer_select = _guarded(h.qpid_flow_consumer_select, "qpid_flow_consumer_select", Hold("policy error"))
 
     @staticmethod

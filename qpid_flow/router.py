@@ -19,6 +19,7 @@ from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
 from qpid_flow.guard import contain_errors
+from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
 
@@ -43,8 +44,16 @@ _connection_ids = itertools.count(1)
 class Router(Handler):
     """Handles every client connection accepted by the listener."""
 
-    def __init__(self, config: RouterConfig, hooks: Hooks, destinations: Destinations, backend: Backend) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        hooks: Hooks,
+        destinations: Destinations,
+        backend: Backend,
+        memory: MemoryMeter | None = None,
+    ) -> None:
         super().__init__()
+        self.memory = memory or MemoryMeter()
         self.config = config
         self.hooks = hooks
         self.destinations = destinations
@@ -53,8 +62,11 @@ class Router(Handler):
         self._max_message_size = config.max_message_size
         self._producers: dict[int, tuple[Producer, Link]] = {}
         self._consumers: dict[int, tuple[Consumer, Link]] = {}
-        # Transfers a policy holds (Hold), per address, in arrival order.
+        # Transfers a policy holds unforwarded (Hold), per address, in arrival order.
         self._held: dict[str, list[Message]] = {}
+        # Transfers whose outcome is known but whose producer must wait for it
+        # (qpid_flow_settlement_delay), per address, in order.
+        self._delayed: dict[str, list[tuple[Message, Settlement]]] = {}
         self._tags = itertools.count(1)
         self.connections: set[Connection] = set()
 
@@ -306,6 +318,7 @@ class Router(Handler):
             self._producer_outcome(message, Settlement(Outcome.REJECTED, decision.condition, decision.description))
         elif isinstance(decision, Hold):
             self._held.setdefault(destination.address, []).append(message)
+            self.memory.add(message.size)
 
     def _refuse_transfer(self, delivery: Delivery, presettled: bool, condition: str, description: str) -> None:
         log.info("transfer_refused", condition=condition, description=description)
@@ -316,11 +329,22 @@ class Router(Handler):
 
     def _producer_outcome(self, message: Message, settlement: Settlement) -> None:
         """The backend (or a policy) decided the fate of a producer's transfer."""
+        entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
+        if entry is not None and message.origin is not None:
+            destination = self.destinations.find(message.address)
+            if destination is not None and self.hooks.settlement_delay(
+                producer=entry[0], message=message, destination=destination, settlement=settlement
+            ):
+                self._delayed.setdefault(message.address, []).append((message, settlement))
+                return
+        self._settle_producer(message, settlement)
+
+    def _settle_producer(self, message: Message, settlement: Settlement) -> None:
         delivery = message.origin
         message.origin = None
-        entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
         if delivery is not None:
             apply_settlement(delivery, settlement)
+        entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
         if entry is None:
             return  # the producer left meanwhile
         producer, link = entry
@@ -347,7 +371,8 @@ class Router(Handler):
                 self._grant(producer, link)
 
     def recheck_held(self, address: str) -> None:
-        """Ask the transfer policy again about every transfer held for ``address``."""
+        """Ask the policies again about every transfer held or delayed for ``address``."""
+        self._recheck_delayed(address)
         held = self._held.pop(address, None)
         destination = self.destinations.find(address)
         if not held or destination is None:
@@ -355,25 +380,57 @@ class Router(Handler):
         for index, message in enumerate(held):
             producer_entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
             if producer_entry is None:
+                self.memory.sub(message.size)
                 continue
             decision = self.hooks.transfer_arrived(producer=producer_entry[0], message=message, destination=destination)
             if isinstance(decision, Hold):
                 # Keep this one and everything after it, in order.
                 self._held[address] = held[index:] + self._held.get(address, [])
                 return
+            self.memory.sub(message.size)
             self._apply_decision(decision, destination, message)
+
+    def _recheck_delayed(self, address: str) -> None:
+        delayed = self._delayed.pop(address, None)
+        destination = self.destinations.find(address)
+        if not delayed or destination is None:
+            return
+        still: list[tuple[Message, Settlement]] = []
+        for message, settlement in delayed:
+            entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
+            if entry is None:
+                continue
+            if still or self.hooks.settlement_delay(
+                producer=entry[0], message=message, destination=destination, settlement=settlement
+            ):
+                still.append((message, settlement))  # later ones stay behind an earlier one
+            else:
+                self._settle_producer(message, settlement)
+        if still:
+            self._delayed[address] = still + self._delayed.get(address, [])
+
+    def delayed_producers(self, address: str) -> int:
+        return len({message.producer_id for message, _ in self._delayed.get(address, ())})
 
     def held_count(self, address: str) -> int:
         return len(self._held.get(address, ()))
 
     def _drop_held(self, producer: Producer) -> None:
-        """A producer left: its held transfers were never accepted, so they are dropped."""
+        """A producer left: its held transfers were never accepted, so they are dropped;
+        its delayed settlements have no one to go to."""
         for address, messages in list(self._held.items()):
             kept = [m for m in messages if m.producer_id != producer.id]
+            self.memory.sub(sum(m.size for m in messages) - sum(m.size for m in kept))
             if kept:
                 self._held[address] = kept
             else:
                 del self._held[address]
+        for address, entries in list(self._delayed.items()):
+            remaining = [(m, s) for m, s in entries if m.producer_id != producer.id]
+            if remaining:
+                self._delayed[address] = remaining
+            else:
+                del self._delayed[address]
 
     # --- consumer side ------------------------------------------------------------------
 

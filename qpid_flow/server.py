@@ -23,6 +23,7 @@ from qpid_flow.bridge import ReactorBridge
 from qpid_flow.config import RouterConfig
 from qpid_flow.control import RouterControl
 from qpid_flow.manager import Hooks, build_plugin_manager
+from qpid_flow.memory import MemoryMeter
 from qpid_flow.registry import Destinations
 from qpid_flow.router import Router
 from qpid_flow.standalone import StandaloneBackend
@@ -44,8 +45,9 @@ class Server(Handler):
         self.hooks = Hooks(build_plugin_manager(config.disable_plugins))
         self.hooks.configure(config=config)
         self.container = Container(container_id=f"qpid-flow-{socket.gethostname()}-{os.getpid()}")
-        self.destinations = Destinations(config, self.hooks)
-        self.router = Router(config, self.hooks, self.destinations, backend=StandaloneBackend())
+        self.memory = MemoryMeter(config.memory_limit)
+        self.destinations = Destinations(config, self.hooks, self.memory)
+        self.router = Router(config, self.hooks, self.destinations, StandaloneBackend(), self.memory)
         self.backend: Backend
         if config.broker is None:
             self.backend = self.router.backend
@@ -56,10 +58,11 @@ class Server(Handler):
                 self.destinations,
                 on_writable=self.router.grant_all,
                 on_link_failed=self.router.upstream_link_failed,
+                memory=self.memory,
             )
             self.router.backend = self.backend
         self.bridge = ReactorBridge()
-        self.control = RouterControl(self.container, self.router, self.destinations, self.bridge)
+        self.control = RouterControl(self.container, self.router, self.destinations, self.bridge, self.memory)
         self._acceptor: Any = None
         self._deadline = 0.0
         self._stopping = False

@@ -26,6 +26,10 @@ class StandaloneBackend:
         pass
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
+        if not destination.has_room_for(message) and destination.policy.policy == "ring":
+            # A ring keeps the newest messages: make room by dropping the oldest waiting.
+            while not destination.has_room_for(message) and destination.drop_oldest():
+                pass
         if not destination.has_room_for(message):
             # A full queue refuses, as qpidd's default limit policy does.
             done(message, Settlement(Outcome.REJECTED, "amqp:resource-limit-exceeded", destination.limit_description()))

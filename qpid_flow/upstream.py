@@ -25,6 +25,7 @@ import structlog
 from proton import Condition, Endpoint, Handler, Link
 
 from qpid_flow.guard import contain_errors
+from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Message, Outcome, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
 
@@ -88,6 +89,7 @@ class BrokerBackend(Handler):
         destinations: Destinations,
         on_writable: Callable[[], None],
         on_link_failed: Callable[[str, bool, Condition | None], None],
+        memory: MemoryMeter | None = None,
     ) -> None:
         super().__init__()
         assert config.broker is not None
@@ -99,6 +101,7 @@ class BrokerBackend(Handler):
         self._on_writable = on_writable
         # (address, is_sender, condition): the broker refused or closed one of our links.
         self._on_link_failed = on_link_failed
+        self._memory = memory or MemoryMeter()
         self._connection: Connection | None = None
         self.connected = False
         self.closing = False
@@ -205,8 +208,20 @@ class BrokerBackend(Handler):
         sender.link = link
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
+        # It counts in the destination's depth from now on: it is on its way to the broker.
+        destination.count_in(message)
+        destination.in_flight += 1
+        self._memory.add(message.size)
+
+        def outcome(message: Message, settlement: Settlement) -> None:
+            destination.in_flight -= 1
+            self._memory.sub(message.size)
+            if settlement.outcome is not Outcome.ACCEPTED:
+                destination.count_out(message)  # the broker did not take it
+            done(message, settlement)
+
         sender = self._sender(destination.address)
-        sender.pending.append((message, done))
+        sender.pending.append((message, outcome))
         if sender.link is not None and sender.link.credit > 0:
             self._pump(sender)
 
@@ -315,7 +330,7 @@ class BrokerBackend(Handler):
         message = Message(data, receiver.destination.address)
         message.upstream_epoch = self.epoch
         message.on_dequeue = functools.partial(self._settle_upstream, self.epoch, delivery)
-        receiver.destination.enqueue(message)
+        receiver.destination.enqueue(message, counted=False)
         self._top_up(receiver)
 
     def on_link_remote_close(self, event: Event) -> None:

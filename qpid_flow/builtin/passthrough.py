@@ -12,12 +12,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qpid_flow import hookimpl
-from qpid_flow.model import ADMIT
+from qpid_flow.model import ADMIT, Producer
 
 if TYPE_CHECKING:
     from qpid_flow.config import RouterConfig
     from qpid_flow.destination import Destination
-    from qpid_flow.model import Consumer, Decision, Producer
+    from qpid_flow.model import Consumer, Decision
+
+
+def window_need(window: int, producer: Producer) -> int:
+    """Credit that tops a producer up to ``window`` (credit held + transfers unsettled).
+
+    Top up in batches of at least half a window: one flow frame per many messages.
+    """
+    missing = window - producer.credit - producer.unsettled
+    if missing <= 0 or (missing * 2 < window and producer.credit > 0):
+        return 0
+    return missing
 
 
 class Plugin:
@@ -30,11 +41,7 @@ class Plugin:
 
     @hookimpl(trylast=True)
     def qpid_flow_producer_credit(self, producer: Producer) -> int:
-        missing = self.window - producer.credit - producer.unsettled
-        # Top up in batches of at least half a window: one flow frame per many messages.
-        if missing <= 0 or (missing * 2 < self.window and producer.credit > 0):
-            return 0
-        return missing
+        return window_need(self.window, producer)
 
     @hookimpl(trylast=True)
     def qpid_flow_transfer_arrived(self) -> Decision:

@@ -27,7 +27,12 @@ def test_every_hook_is_documented_with_its_exact_signature(name: str) -> None:
 def test_question_hooks_are_firstresult_and_notifications_are_not() -> None:
     for name in hookspecs.hook_names():
         firstresult = getattr(hookspecs, name).qpid_flow_spec["firstresult"]
-        is_question = name in {"qpid_flow_producer_credit", "qpid_flow_transfer_arrived", "qpid_flow_consumer_select"}
+        is_question = name in {
+            "qpid_flow_producer_credit",
+            "qpid_flow_transfer_arrived",
+            "qpid_flow_settlement_delay",
+            "qpid_flow_consumer_select",
+        }
         assert firstresult is is_question, name
 
 

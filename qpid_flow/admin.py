@@ -1,0 +1,373 @@
+"""The admin endpoint: a small HTTP/1.1 JSON API over the running router.
+
+The HTTP server runs on its own daemon threads, but qpid-flow's state belongs to the
+reactor thread, so every request hands its operation to ``run_in_reactor`` (in
+production ``ReactorBridge.call``), which blocks the HTTP thread until the reactor has
+run it and returns its result or re-raises its exception. Nothing here touches router
+state directly.
+
+There is no authentication: the endpoint binds where it is told, so keep it on loopback
+or a trusted network.
+
+Routes (names are URL-path-quoted with ``safe=""``: ``/queue/orders`` is
+``%2Fqueue%2Forders``)::
+
+    GET    /v1/health                   {"status": "ok"}
+    GET    /v1/destinations             {"destinations": [record, ...]}
+    GET    /v1/destinations/{name}      record
+    PUT    /v1/destinations/{name}      body: settings (TOML keys) -> the resulting policy
+    DELETE /v1/destinations/{name}      -> what was removed
+    POST   /v1/producers/stop           body: {"pattern": "..."}
+    POST   /v1/producers/start          body: {"pattern": "..."}
+    GET    /v1/groups/{name}            {"groups": [{"group", "owner", "held", "waiting"}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol, TypeVar
+from urllib.parse import unquote
+
+import structlog
+
+from qpid_flow.config import ConfigError
+
+__all__ = ["AdminOperations", "AdminServer", "RunInReactor", "split_host_port"]
+
+log = structlog.get_logger("qpid_flow.admin")
+
+T = TypeVar("T")
+
+# A request body larger than this is refused (413): settings and patterns are tiny, and
+# reading an unbounded body would let one client tie up memory.
+_MAX_BODY = 1024 * 1024
+
+# Idle keep-alive connections are closed after this many seconds, so a client that goes
+# quiet does not pin a handler thread forever.
+_IDLE_TIMEOUT = 60.0
+
+# serve_forever checks for stop() this often; stop() waits up to one interval.
+_POLL_INTERVAL = 0.05
+
+
+class AdminOperations(Protocol):
+    """What the admin endpoint asks of the router. Every method runs on the reactor thread."""
+
+    def stat(self) -> list[dict[str, Any]]:
+        """One record per destination (``name``, ``depth``, ``bytes``, ``flowStopped``, ...)."""
+        ...
+
+    def add_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """Add or replace the policy ``name`` (TOML keys); raises ConfigError on a bad value."""
+        ...
+
+    def remove_destination(self, name: str) -> dict[str, Any]:
+        """Remove the policy ``name``; raises KeyError if there is none."""
+        ...
+
+    def producers(self, action: str, pattern: str) -> dict[str, Any]:
+        """``action`` is ``"stop"`` or ``"start"``: hold back / let go producers matching ``pattern``."""
+        ...
+
+    def groups(self, name: str) -> dict[str, Any]:
+        """The message groups of destination ``name``; raises KeyError if there is none."""
+        ...
+
+
+class RunInReactor(Protocol):
+    """Run ``callback`` on the reactor thread and return its result (``ReactorBridge.call``).
+
+    A callback protocol rather than ``Callable[[Callable[[], T]], T]``: each request has
+    its own result type, so the callable itself must stay generic.
+    """
+
+    def __call__(self, callback: Callable[[], T], /) -> T: ...
+
+
+def split_host_port(listen: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` or ``"[v6]:PORT"`` -> ``(host, port)`` (brackets removed)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{listen!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+class _Reply(Exception):
+    """Ends a request early with this status and JSON body (bad input, not found, ...)."""
+
+    def __init__(self, status: HTTPStatus, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        super().__init__(body.get("error", status.phrase))
+        self.status = status
+        self.body = body
+        self.headers = headers or {}
+
+
+def _not_found(exc: KeyError, what: str, name: str) -> _Reply:
+    # KeyError(name) is the usual way to say "no such name"; anything else it carries is
+    # the router's own explanation and is passed on as is.
+    detail = exc.args[0] if exc.args else name
+    message = f"no {what} {name!r}" if detail == name else str(detail)
+    return _Reply(HTTPStatus.NOT_FOUND, {"error": message})
+
+
+def _json_bytes(body: Any) -> bytes:
+    # Indented for people reading it with curl, without the padding of sort_keys or
+    # trailing spaces; one newline at the end so shells print it cleanly.
+    return (json.dumps(body, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], admin: AdminServer) -> None:
+        # TCPServer creates its socket from the class attribute; an IPv6 literal needs AF_INET6.
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.admin = admin
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the host's FQDN (a reverse DNS lookup that can
+        # stall start-up); the name is only used in CGI environments, so skip it.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"
+    server_version = "qpid-flow-admin"
+    timeout = _IDLE_TIMEOUT
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # BaseHTTPRequestHandler writes every request to stderr; qpid-flow logs through structlog.
+        log.debug("admin_http", client=self.client_address[0], message=format % args)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # The base class answers malformed requests and unknown methods with an HTML page;
+        # keep the API JSON throughout. Like the base class, close the connection: the
+        # request may not have been read completely.
+        self.close_connection = True
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "Error"
+        self._send(code, {"error": message or phrase}, {"Connection": "close"})
+
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = _json_bytes(body)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _read_body(self) -> bytes:
+        # Always read the body before answering, even to refuse the request: on a
+        # keep-alive connection unread bytes would be taken for the next request.
+        if self.headers.get("Transfer-Encoding", "").lower() not in ("", "identity"):
+            self.close_connection = True
+            raise _Reply(HTTPStatus.LENGTH_REQUIRED, {"error": "send the body with a Content-Length"})
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return b""
+        try:
+            length = int(raw)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            raise _Reply(HTTPStatus.BAD_REQUEST, {"error": f"bad Content-Length {raw!r}"})
+        if length > _MAX_BODY:
+            self.close_connection = True
+            raise _Reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"request body over {_MAX_BODY} bytes"})
+        return self.rfile.read(length)
+
+    def _dispatch(self) -> None:
+        try:
+            body = self._read_body()
+            status, payload = self._route(self.command, self.path, body)
+        except _Reply as reply:
+            self._send(reply.status, reply.body, reply.headers)
+        except ConfigError as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc), "key": exc.key})
+        except TimeoutError:
+            # ReactorBridge.call gave up: the reactor is stuck or shutting down.
+            self._send(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                {"error": "qpid-flow's reactor did not answer in time (busy or shutting down)"},
+            )
+        except Exception as exc:
+            log.exception("admin_error", method=self.command, path=self.path)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
+        else:
+            self._send(status, payload)
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_PATCH = do_OPTIONS = _dispatch
+
+    # --- routes ---------------------------------------------------------------------------
+
+    def _route(self, method: str, target: str, body: bytes) -> tuple[int, Any]:
+        admin = self.server.admin
+        if admin.stopping:
+            raise _Reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "qpid-flow is shutting down"})
+        path = target.split("?", 1)[0].split("#", 1)[0]
+        parts = path.split("/")
+        if len(parts) < 3 or parts[0] != "" or parts[1] != "v1":
+            raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no such route: {path}"})
+        resource, rest = parts[2], parts[3:]
+        # Names are quoted with safe="" so they are one segment; an unquoted name with
+        # "/" in it is accepted too, since no route has anything after the name.
+        name = unquote("/".join(rest))
+
+        routes: dict[str, Callable[[], tuple[int, Any]]]
+        if resource == "health" and not rest:
+            routes = {"GET": lambda: (200, self._health(admin))}
+        elif resource == "destinations" and not name:
+            routes = {"GET": lambda: (200, {"destinations": admin.call(admin.operations.stat)})}
+        elif resource == "destinations":
+            routes = {
+                "GET": lambda: (200, self._one_destination(admin, name)),
+                "PUT": lambda: (200, self._add_destination(admin, name, body)),
+                "DELETE": lambda: (200, self._remove_destination(admin, name)),
+            }
+        elif resource == "producers" and len(rest) == 1 and rest[0] in ("stop", "start"):
+            action = rest[0]
+            routes = {"POST": lambda: (200, self._producers(admin, action, body))}
+        elif resource == "groups" and name:
+            routes = {"GET": lambda: (200, self._groups(admin, name))}
+        else:
+            raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no such route: {path}"})
+
+        # HEAD is GET without the body (_send leaves it out).
+        handler = routes.get("GET" if method == "HEAD" else method)
+        if handler is None:
+            allow = ", ".join(routes)
+            raise _Reply(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": f"{method} is not allowed on {path}; allowed: {allow}"},
+                {"Allow": allow},
+            )
+        return handler()
+
+    @staticmethod
+    def _health(admin: AdminServer) -> dict[str, Any]:
+        # Round-trip through the reactor: "ok" means the router is answering, not merely
+        # that this thread is alive. A stuck reactor shows as 503.
+        admin.call(lambda: None)
+        return {"status": "ok"}
+
+    @staticmethod
+    def _one_destination(admin: AdminServer, name: str) -> dict[str, Any]:
+        for record in admin.call(admin.operations.stat):
+            if record.get("name") == name:
+                return record
+        raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no destination {name!r}"})
+
+    @staticmethod
+    def _add_destination(admin: AdminServer, name: str, body: bytes) -> dict[str, Any]:
+        settings = _json_object(body, "destination settings", empty_ok=True)
+        return admin.call(lambda: admin.operations.add_destination(name, settings))
+
+    @staticmethod
+    def _remove_destination(admin: AdminServer, name: str) -> dict[str, Any]:
+        try:
+            return admin.call(lambda: admin.operations.remove_destination(name))
+        except KeyError as exc:
+            raise _not_found(exc, "destination policy", name) from exc
+
+    @staticmethod
+    def _producers(admin: AdminServer, action: str, body: bytes) -> dict[str, Any]:
+        request = _json_object(body, '{"pattern": "..."}', empty_ok=False)
+        pattern = request.get("pattern")
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError("pattern", pattern, "must be a non-empty string")
+        return admin.call(lambda: admin.operations.producers(action, pattern))
+
+    @staticmethod
+    def _groups(admin: AdminServer, name: str) -> dict[str, Any]:
+        try:
+            return admin.call(lambda: admin.operations.groups(name))
+        except KeyError as exc:
+            raise _not_found(exc, "destination", name) from exc
+
+
+def _json_object(body: bytes, what: str, *, empty_ok: bool) -> dict[str, Any]:
+    if not body.strip():
+        if empty_ok:
+            return {}
+        raise _Reply(HTTPStatus.BAD_REQUEST, {"error": f"the request body must be a JSON object: {what}"})
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _Reply(HTTPStatus.BAD_REQUEST, {"error": f"the request body is not valid JSON: {exc}"}) from exc
+    if not isinstance(value, dict):
+        raise _Reply(HTTPStatus.BAD_REQUEST, {"error": f"the request body must be a JSON object: {what}"})
+    return value
+
+
+class AdminServer:
+    """The HTTP JSON admin endpoint on a daemon thread; operations run on the reactor."""
+
+    def __init__(self, listen: str, operations: AdminOperations, run_in_reactor: RunInReactor) -> None:
+        self.listen = listen
+        self.operations = operations
+        self._run_in_reactor = run_in_reactor
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.stopping = False
+
+    def call(self, callback: Callable[[], T]) -> T:
+        """Run ``callback`` on the reactor thread (from an HTTP thread) and return its result."""
+        return self._run_in_reactor(callback)
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (useful with ``HOST:0``)."""
+        if self._httpd is None:
+            raise RuntimeError("the admin server is not started")
+        return int(self._httpd.server_address[1])
+
+    def start(self) -> None:
+        """Bind and serve on a daemon thread. Raises OSError if the address cannot be bound."""
+        if self._httpd is not None:
+            return
+        host, port = split_host_port(self.listen)
+        self._httpd = _HTTPServer((host, port), self)
+        self.stopping = False
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": _POLL_INTERVAL},
+            name="qpid-flow-admin",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("admin_listening", listen=f"{host}:{self.port}" if ":" not in host else f"[{host}]:{self.port}")
+
+    def stop(self) -> None:
+        """Stop accepting requests and close the listening socket. Idempotent."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        # Requests still in flight on kept-alive connections answer 503 from now on.
+        self.stopping = True
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
