@@ -297,7 +297,10 @@ class _Handler(BaseHTTPRequestHandler):
         pattern = request.get("pattern")
         if not isinstance(pattern, str) or not pattern:
             raise ConfigError("pattern", pattern, "must be a non-empty string")
-        return admin.call(lambda: admin.operations.producers(action, pattern))
+        try:
+            return admin.call(lambda: admin.operations.producers(action, pattern))
+        except KeyError as exc:  # e.g. flow control is not loaded
+            raise _not_found(exc, "producers matching", pattern) from exc
 
     @staticmethod
     def _groups(admin: AdminServer, name: str) -> dict[str, Any]:
@@ -357,7 +360,8 @@ class AdminServer:
             daemon=True,
         )
         self._thread.start()
-        log.info("admin_listening", listen=f"{host}:{self.port}" if ":" not in host else f"[{host}]:{self.port}")
+        # At debug: the router's own "listening" event reports the admin address.
+        log.debug("admin_listening", listen=f"{host}:{self.port}" if ":" not in host else f"[{host}]:{self.port}")
 
     def stop(self) -> None:
         """Stop accepting requests and close the listening socket. Idempotent."""

@@ -213,27 +213,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _pick(record: dict[str, Any], *keys: str) -> Any:
-    """The first of ``keys`` present in ``record`` (TOML spelling first, then camelCase)."""
-    for key in keys:
-        if key in record:
-            return record[key]
-    return None
-
-
-def _pair(record: dict[str, Any], first: tuple[str, ...], second: tuple[str, ...]) -> str:
-    a, b = _pick(record, *first), _pick(record, *second)
-    if a is None and b is None:
+def _pair(record: dict[str, Any], first: str, second: str) -> str:
+    if record.get(first) is None and record.get(second) is None:
         return "-"
-    return f"{_cell(a)}/{_cell(b)}"
+    return f"{_cell(record.get(first))}/{_cell(record.get(second))}"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """qpid-stat style: first column left-aligned, the rest right-aligned, a rule under the header."""
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """qpid-stat style: the first ``left`` (text) columns left-aligned, the numbers right-aligned."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        parts = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return "  " + "  ".join(parts).rstrip()
 
     rule = "  " + "=" * (sum(widths) + 2 * (len(widths) - 1))
@@ -244,23 +235,17 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
 
 
-# name -> how to read it from a stat record
+# header -> how to read it from a stat record (the router's camelCase statistic names, as in qpid's QMF).
 _STAT_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("name", lambda r: _cell(r.get("name"))),
     ("depth", lambda r: _cell(r.get("depth"))),
     ("bytes", lambda r: _cell(r.get("bytes"))),
     ("flowStopped", lambda r: _cell(r.get("flowStopped"))),
     ("flowStoppedCount", lambda r: _cell(r.get("flowStoppedCount"))),
-    (
-        "stop/resume-count",
-        lambda r: _pair(r, ("flow_stop_count", "flowStopCount"), ("flow_resume_count", "flowResumeCount")),
-    ),
-    (
-        "stop/resume-size",
-        lambda r: _pair(r, ("flow_stop_size", "flowStopSize"), ("flow_resume_size", "flowResumeSize")),
-    ),
-    ("max-count", lambda r: _cell(_pick(r, "max_count", "maxCount"))),
-    ("max-size", lambda r: _cell(_pick(r, "max_size", "maxSize"))),
+    ("stop/resume-count", lambda r: _pair(r, "flowStopCount", "flowResumeCount")),
+    ("stop/resume-size", lambda r: _pair(r, "flowStopSize", "flowResumeSize")),
+    ("max-count", lambda r: _cell(r.get("maxCount"))),
+    ("max-size", lambda r: _cell(r.get("maxSize"))),
     ("producers", lambda r: _cell(r.get("producers"))),
     ("blocked", lambda r: _cell(r.get("producersBlocked"))),
     ("consumers", lambda r: _cell(r.get("consumers"))),
@@ -320,7 +305,7 @@ def _groups(args: argparse.Namespace) -> int:
         [_cell(g.get("group")), _cell(g.get("owner")), _cell(g.get("held")), _cell(g.get("waiting"))]
         for g in answer.get("groups", [])
     ]
-    print(_table(["group", "owner", "held", "waiting"], rows))
+    print(_table(["group", "owner", "held", "waiting"], rows, left=2))
     return 0
 
 

@@ -66,6 +66,9 @@ class Destination:
         self.largest_message = 0  # for estimating how many more messages fit in bytes
         # In front of a broker: forwarded, and the broker has not given its outcome yet.
         self.in_flight = 0
+        # In front of a broker: credit the shared upstream receiver has outstanding (what
+        # the broker may have sent that has not arrived yet).
+        self.upstream_credit = 0
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
@@ -237,12 +240,21 @@ class Destination:
     def set_broker_backlog(self, ready: int) -> None:
         """What the broker says it holds ready for this address (from a plugin).
 
-        The depth becomes that, plus what qpid-flow fetched and holds unsettled, plus what
-        it forwarded and the broker has not confirmed yet. Bytes are estimated from the
-        average size of the messages seen.
+        The broker's figure proves a lower bound: ready + what qpid-flow fetched and holds
+        unsettled + what it forwarded and the broker has not confirmed. Messages the
+        broker sent and qpid-flow has not received yet are in neither, so the depth may
+        exceed that bound by the credit the upstream receiver has outstanding. qpid-flow's
+        own count is kept when it lies within those bounds (it is exact for what passed
+        through) and corrected to the nearest bound otherwise: a backlog left in the
+        broker raises it, messages consumed elsewhere lower it. Bytes are estimated from
+        the average size of the messages seen.
         """
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
-        depth = max(0, ready) + fetched + self.in_flight
+        lowest = max(0, ready) + fetched + self.in_flight
+        highest = lowest + self.upstream_credit
+        depth = min(max(self.depth, lowest), highest)
+        if depth == self.depth:
+            return
         average = self.bytes // self.depth if self.depth else self.largest_message
         self.depth = depth
         self.bytes = depth * average

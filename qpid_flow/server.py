@@ -18,12 +18,14 @@ import structlog
 from proton import Handler
 from proton.reactor import Container
 
+from qpid_flow.admin import AdminServer
 from qpid_flow.backend import Backend
 from qpid_flow.bridge import ReactorBridge
 from qpid_flow.config import RouterConfig
 from qpid_flow.control import RouterControl
 from qpid_flow.manager import Hooks, build_plugin_manager
 from qpid_flow.memory import MemoryMeter
+from qpid_flow.operations import Operations
 from qpid_flow.registry import Destinations
 from qpid_flow.router import Router
 from qpid_flow.standalone import StandaloneBackend
@@ -64,6 +66,11 @@ class Server(Handler):
         self.bridge = ReactorBridge()
         self.control = RouterControl(self.container, self.router, self.destinations, self.bridge, self.memory)
         self._acceptor: Any = None
+        self.admin: AdminServer | None = None
+        if config.admin is not None:
+            flow = self.hooks.pm.get_plugin("flow")
+            operations = Operations(self.destinations, self.control, flow)
+            self.admin = AdminServer(config.admin, operations, self.bridge.call)
         self._deadline = 0.0
         self._stopping = False
 
@@ -72,6 +79,11 @@ class Server(Handler):
         self.container.handler = self.router
         self.container.selectable(self.bridge.injector)
         self._acceptor = self.container.listen(f"{host}:{port}")
+        if self.admin is not None:
+            self.admin.start()
+        for name in self.destinations.policies:
+            if not any(segment in ("*", ">") for segment in name.split(".")):
+                self.destinations.get(name)  # configured names exist from the start, like declared queues
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         if isinstance(self.backend, BrokerBackend):
@@ -79,12 +91,18 @@ class Server(Handler):
         log.info(
             "listening",
             listen=self.config.listen,
+            admin=self._admin_address(),
             mode="standalone" if self.config.broker is None else "broker",
             plugins=sorted(name for name, _ in self.hooks.pm.list_name_plugin()),
         )
         self.hooks.started(control=self.control)
         self.container.run()
         log.info("stopped")
+
+    def _admin_address(self) -> str | None:
+        if self.admin is None or self.config.admin is None:
+            return None
+        return f"{self.config.admin.rsplit(':', 1)[0]}:{self.admin.port}"
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         # Signal handlers run between bytecodes: hand over to the reactor thread safely.
@@ -112,6 +130,8 @@ class Server(Handler):
         self.router.release_consumers()
         self.backend.shutdown()
         self.router.close_connections("qpid-flow is shutting down")
+        if self.admin is not None:
+            self.admin.stop()
         self.bridge.close()
         # Let the close frames go out, then end the loop even if a peer never answers.
         self.container.schedule(1.0, _Stop(self.container))

@@ -171,6 +171,7 @@ class BrokerBackend(Handler):
                 sender.in_flight.clear()
         for receiver in self._receivers.values():
             receiver.link = None
+            receiver.destination.upstream_credit = 0
             dropped = receiver.destination.forget(lambda m: m.upstream_epoch == old_epoch)
             if dropped:
                 log.info("upstream_messages_forgotten", address=receiver.destination.address, count=dropped)
@@ -268,6 +269,7 @@ class BrokerBackend(Handler):
         if receiver is None:
             return
         # No local consumer is left: give back what was fetched ahead, then detach.
+        destination.upstream_credit = 0
         released = [m for m in destination.queue if m.upstream_epoch == self.epoch]
         destination.forget(lambda m: m.upstream_epoch != 0)
         for message in released:
@@ -290,6 +292,8 @@ class BrokerBackend(Handler):
         missing = self._lookahead - len(receiver.destination.queue) - credit
         if missing >= max(1, self._lookahead // 4):
             link.flow(missing)
+            credit += missing
+        receiver.destination.upstream_credit = credit
 
     def _settle_upstream(self, epoch: int, delivery: Delivery, settlement: Settlement) -> None:
         if epoch == self.epoch and self.connected:

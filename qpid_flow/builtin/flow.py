@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("qpid_flow.flow")
 
 STATE_KEY = "flow"
+# Reactor timers may fire a little before the deadline by our clock: close enough is due.
+_TIMER_SLACK = 0.005
 
 
 @dataclass
@@ -53,6 +55,7 @@ class _Entry:
     starved: bool = False  # a producer got less credit than it wanted: re-ask when depth falls
     wake_pending: bool = False
     deadlines: dict[int, float] = field(default_factory=dict)  # reject_after: message sequence -> deadline
+    timer_due: float | None = None  # reject_after: when the pending re-check fires
 
 
 class Plugin:
@@ -212,18 +215,31 @@ class Plugin:
             entry.deadlines.pop(message.sequence, None)
             return None
         now = self._clock()
-        deadline = entry.deadlines.get(message.sequence)
-        if deadline is None:
-            entry.deadlines[message.sequence] = now + policy.reject_after
-            if self._control is not None:
-                address = destination.address
-                control = self._control
-                control.schedule(policy.reject_after, lambda: control.wake(address))
-            return Hold("flow stopped")
-        if now >= deadline:
+        deadline = entry.deadlines.setdefault(message.sequence, now + policy.reject_after)
+        remaining = deadline - now
+        if remaining <= _TIMER_SLACK:
             del entry.deadlines[message.sequence]
             return Reject(f"{self._full(destination)}; waited {policy.reject_after:g}s")
+        self._wake_at(destination, entry, remaining)
         return Hold("flow stopped")
+
+    def _wake_at(self, destination: Destination, entry: _Entry, delay: float) -> None:
+        """Re-ask about held transfers after ``delay``; one timer per destination, the earliest."""
+        control = self._control
+        if control is None:
+            return
+        due = self._clock() + delay
+        if entry.timer_due is not None and entry.timer_due <= due:
+            return
+        entry.timer_due = due
+        address = destination.address
+
+        def fire() -> None:
+            if entry.timer_due == due:
+                entry.timer_due = None
+            control.wake(address)
+
+        control.schedule(delay, fire)
 
     @hookimpl
     def qpid_flow_settlement_delay(

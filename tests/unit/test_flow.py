@@ -118,7 +118,9 @@ def test_impossible_thresholds_are_errors(policy: DestinationPolicy, key: str) -
 
 def test_configuration_refuses_bad_thresholds_naming_the_key() -> None:
     with pytest.raises(ConfigError) as caught:
-        build_config({"destinations": {"orders": {"max_count": 1000, "flow_stop_count": 900, "flow_resume_count": 950}}})
+        build_config(
+            {"destinations": {"orders": {"max_count": 1000, "flow_stop_count": 900, "flow_resume_count": 950}}}
+        )
     assert caught.value.key == 'destinations."orders".flow_resume_count'
     assert "must not be above flow_stop_count (900)" in str(caught.value)
     with pytest.raises(ConfigError) as caught:

@@ -1,0 +1,113 @@
+"""The ``[plugins.rabbitmq_depth]`` table: how often to read depths, and from where."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+from qpid_flow.config import ConfigError, parse_duration
+
+__all__ = ["PLUGIN_NAME", "Settings", "default_amqp091_url", "parse_settings"]
+
+PLUGIN_NAME = "rabbitmq_depth"
+DEFAULT_INTERVAL = "2s"
+DEFAULT_VHOST = "/"
+# Below this the worker would spend its time declaring (~20 ms per queue) for nothing.
+MIN_INTERVAL = 0.1
+# Fail fast on a dead broker: the worker retries on its own schedule anyway.
+SOCKET_TIMEOUT = 5.0
+STACK_TIMEOUT = 10.0
+
+_URL_RE = re.compile(r"^amqps?://[^\s/?#]+(/[^\s]*)?$")
+
+
+def _key(name: str) -> str:
+    return f"plugins.{PLUGIN_NAME}.{name}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    interval: float
+    amqp091_url: str
+    vhost: str
+
+    def connection_parameters(self) -> pika.URLParameters:
+        """pika's parameters: the URL (its query may tune pika), our vhost and timeouts."""
+        params = pika.URLParameters(self.amqp091_url)
+        params.virtual_host = self.vhost
+        given = urllib.parse.parse_qs(urllib.parse.urlsplit(self.amqp091_url).query)
+        if "connection_attempts" not in given:
+            params.connection_attempts = 1  # the worker's back-off is the retry
+        if "socket_timeout" not in given:
+            params.socket_timeout = SOCKET_TIMEOUT
+        if "stack_timeout" not in given:
+            params.stack_timeout = STACK_TIMEOUT
+        return params
+
+    @property
+    def display_url(self) -> str:
+        """The URL without its password, for logs."""
+        parts = urllib.parse.urlsplit(self.amqp091_url)
+        user, _, host = parts.netloc.rpartition("@")
+        netloc = f"{user.partition(':')[0]}@{host}" if user else host
+        return urllib.parse.urlunsplit((parts.scheme, netloc, "", "", ""))
+
+
+def default_amqp091_url(broker: str) -> str:
+    """The broker's AMQP 0-9-1 URL: same scheme, host, user and password.
+
+    RabbitMQ serves AMQP 0-9-1 and 1.0 on the same listener, so the port is the broker
+    URL's own, or the protocol default (5672, 5671 with TLS) when it has none. The path
+    and query of the AMQP 1.0 URL mean nothing to pika and are dropped.
+    """
+    parts = urllib.parse.urlsplit(broker)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(_key("amqp091_url"), broker, "cannot derive it from broker; set it") from exc
+    if parts.hostname is None:
+        raise ConfigError(_key("amqp091_url"), broker, "cannot derive it from broker (no host); set it")
+    netloc = parts.netloc
+    if port is None:
+        netloc += ":5671" if parts.scheme == "amqps" else ":5672"
+    return f"{parts.scheme}://{netloc}"
+
+
+def parse_settings(table: Mapping[str, Any], broker: str) -> Settings:
+    """Validate the plugin's table; ``broker`` is the router's AMQP 1.0 broker URL."""
+    known = ("interval", "amqp091_url", "vhost")
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(_key(key), value, "unknown key; known: " + ", ".join(known))
+
+    interval = parse_duration(table.get("interval", DEFAULT_INTERVAL), _key("interval"))
+    if interval < MIN_INTERVAL:
+        raise ConfigError(_key("interval"), table.get("interval"), "must be at least 100ms")
+
+    vhost = table.get("vhost", DEFAULT_VHOST)
+    if not isinstance(vhost, str) or not vhost:
+        raise ConfigError(_key("vhost"), vhost, "must be a non-empty string")
+
+    url = table.get("amqp091_url")
+    if url is None:
+        url = default_amqp091_url(broker)
+    else:
+        _check_url(url)
+    return Settings(interval=interval, amqp091_url=url, vhost=vhost)
+
+
+def _check_url(url: Any) -> None:
+    key = _key("amqp091_url")
+    if not isinstance(url, str) or not _URL_RE.match(url):
+        raise ConfigError(key, url, "must be a URL such as amqp://user:password@host:5672")
+    if urllib.parse.urlsplit(url).path not in ("", "/"):
+        # pika would read the path as the vhost; one place to say it is less surprising.
+        raise ConfigError(key, url, f"must not name a vhost; set {_key('vhost')} instead")
+    try:
+        pika.URLParameters(url)  # port, query options (heartbeat=..., ...)
+    except ValueError as exc:
+        raise ConfigError(key, url, f"pika refuses it: {exc}") from exc

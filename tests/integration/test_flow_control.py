@@ -1,0 +1,368 @@
+"""Producer flow control with a real qpid-flow, real clients, and RabbitMQ behind it or not.
+
+The numbers are seed 000's: max 1000, stop at 900, resume at 500.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+
+from .clients import Consumer, Producer, make_message, run_all, start
+from .harness.net import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class Router:
+    """A qpid-flow with its admin endpoint, for reading statistics as an operator would."""
+
+    def __init__(self, process: Any, admin: str) -> None:
+        self.process = process
+        self.url = process.url
+        self.admin = admin
+
+    def stat(self, name: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://{self.admin}/v1/destinations", timeout=10) as response:
+            records = json.load(response)["destinations"]
+        return next(r for r in records if r["name"] == name)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "qpid_flow", *args, "--admin", self.admin],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+
+@pytest.fixture(params=["broker", "standalone"])
+def start_router(request, qpid_flow_process):
+    def start(config_text: str) -> Router:
+        admin = f"127.0.0.1:{free_port()}"
+        broker_url = request.getfixturevalue("rabbitmq").url if request.param == "broker" else None
+        process = qpid_flow_process(broker_url=broker_url, config_text=config_text, extra_args=["--admin", admin])
+        return Router(process, admin)
+
+    start.mode = request.param  # type: ignore[attr-defined]
+    return start
+
+
+def seed_config(name: str) -> str:
+    return f'[destinations."{name}"]\nmax_count = 1000\nflow_stop_count = 900\nflow_resume_count = 500\n'
+
+
+def wait_until_quiet(producers: list[Producer], quiet: float = 1.5, limit: float = 60.0) -> int:
+    """Wait until the producers' accepted count stops moving; return it."""
+    deadline = time.monotonic() + limit
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now_count = sum(len(p.outcomes) for p in producers)
+        if now_count != last:
+            last, since = now_count, time.monotonic()
+        elif time.monotonic() - since > quiet:
+            return now_count
+        time.sleep(0.1)
+    return last
+
+
+def test_flood_stops_at_the_threshold_and_resumes_below_the_resume_threshold(start_router) -> None:
+    name = unique("orders")
+    router = start_router(seed_config(name))
+    producers = [
+        Producer(router.url, name, [make_message(f"p{k}", i) for i in range(600)], timeout=120) for k in range(3)
+    ]
+    threads = start(*producers)
+    accepted = wait_until_quiet(producers)
+    # The transfer that crosses 900 is admitted and turns flow ON; none after it.
+    assert accepted == 901, f"peak depth {accepted}, expected 901"
+    record = router.stat(name)
+    assert record["depth"] == 901
+    assert record["flowStopped"] is True
+    assert record["flowStoppedCount"] == 1
+    assert record["producersBlocked"] == 3, (
+        record,
+        [len(p.outcomes) for p in producers],
+        [p.sender.credit for p in producers],
+    )
+    assert (record["flowStopCount"], record["flowResumeCount"]) == (900, 500)
+    first_stop = max(t for p in producers for t in p.settled_at.values())
+
+    consumer = Consumer(router.url, name, count=1800, prefetch=20, timeout=120)
+    run_all(consumer)
+    for t in threads:
+        t.join(60)
+    assert consumer.error is None, consumer.error
+    assert all(Counter(p.outcomes.values()) == {"accepted": 600} for p in producers)
+    keys = Counter((r.message.properties["producer"], r.message.properties["index"]) for r in consumer.received)
+    assert len(keys) == 1800 and max(keys.values()) == 1, "every message arrives once"
+    # Producers resumed only once depth fell below 500: at least 402 of the 901 had been
+    # settled by the consumer before the first transfer after the stop was accepted.
+    resumed_at = min(t for p in producers for t in p.settled_at.values() if t > first_stop)
+    drained_before = sum(1 for r in consumer.received if r.settled_at < resumed_at)
+    assert drained_before >= 402, f"resumed after only {drained_before} were consumed"
+
+
+class SendAndReceiveOnOneConnection(MessagingHandler):  # type: ignore[misc]
+    """Seed 004's deadlock case: one connection sends to a full queue and consumes another."""
+
+    def __init__(self, url: str, full: str, other: str, expect: int) -> None:
+        super().__init__(prefetch=0, auto_accept=True)
+        self.url, self.full, self.other, self.expect = url, full, other, expect
+        self.sent = 0
+        self.received = 0
+        self.done = threading.Event()
+        self.error: str | None = None
+
+    def on_start(self, event: Any) -> None:
+        self.conn = event.container.connect(self.url, reconnect=False)
+        event.container.create_sender(self.conn, self.full)
+        receiver = event.container.create_receiver(self.conn, self.other)
+        receiver.flow(50)
+        event.container.schedule(60, self)
+
+    def on_sendable(self, event: Any) -> None:
+        while event.sender.credit > 0:
+            event.sender.send(make_message("blocked", self.sent))
+            self.sent += 1
+
+    def on_message(self, event: Any) -> None:
+        self.received += 1
+        event.receiver.flow(1)
+        if self.received == self.expect:
+            self.done.set()
+            self.conn.close()
+
+    def on_timer_task(self, event: Any) -> None:
+        self.error = "timed out"
+        self.done.set()
+        self.conn.close()
+
+    def on_connection_closed(self, event: Any) -> None:
+        event.container.stop()
+
+
+def test_a_blocked_producer_does_not_stop_consuming_on_the_same_connection(start_router) -> None:
+    full, other = unique("full"), unique("other")
+    router = start_router(f'[destinations."{full}"]\nflow_stop_count = 20\nflow_resume_count = 10\n')
+    client = SendAndReceiveOnOneConnection(router.url, full, other, expect=300)
+    thread = threading.Thread(target=Container(client).run, daemon=True)
+    thread.start()
+    time.sleep(1.0)  # the client's sender has filled `full` and is blocked by now
+    feeder = Producer(router.url, other, [make_message("feeder", i) for i in range(300)])
+    run_all(feeder)
+    assert client.done.wait(60)
+    thread.join(10)
+    assert client.error is None
+    assert client.received == 300
+    assert client.sent == 21, "the client's producer must be blocked at the threshold"
+    assert router.stat(full)["flowStopped"] is True
+
+
+def test_reject_policy_fails_fast_and_loses_nothing(start_router) -> None:
+    name = unique("failfast")
+    router = start_router(
+        f'[destinations."{name}"]\nlimit_policy = "reject"\nflow_stop_count = 10\nflow_resume_count = 5\n'
+    )
+    producer = Producer(router.url, name, [make_message("p", i) for i in range(30)])
+    run_all(producer)
+    assert [producer.outcomes[i] for i in range(30)] == ["accepted"] * 11 + ["rejected"] * 19
+    assert set(producer.conditions.values()) == {"amqp:resource-limit-exceeded"}
+    consumer = Consumer(router.url, name, prefetch=10, idle_stop=2.0)
+    run_all(consumer)
+    assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(11))
+
+
+def test_reject_after_holds_then_rejects_when_still_full(start_router) -> None:
+    name = unique("failslow")
+    router = start_router(
+        f'[destinations."{name}"]\nreject_after = "1s"\nflow_stop_count = 10\nflow_resume_count = 5\n'
+    )
+    sent_at = time.monotonic()
+    producer = Producer(router.url, name, [make_message("p", i) for i in range(15)])
+    run_all(producer)
+    assert [producer.outcomes[i] for i in range(15)] == ["accepted"] * 11 + ["rejected"] * 4
+    assert set(producer.conditions.values()) == {"amqp:resource-limit-exceeded"}
+    waited = min(producer.settled_at[i] for i in range(11, 15)) - sent_at
+    assert waited >= 0.9, f"rejected after {waited:.2f}s, before the 1s timeout"
+    consumer = Consumer(router.url, name, prefetch=10, idle_stop=2.0)
+    run_all(consumer)
+    assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(11))
+
+
+def test_reject_after_admits_what_waited_if_space_comes_in_time(start_router) -> None:
+    name = unique("failslow-ok")
+    router = start_router(
+        f'[destinations."{name}"]\nreject_after = "5s"\nflow_stop_count = 10\nflow_resume_count = 5\n'
+    )
+    producer = Producer(router.url, name, [make_message("p", i) for i in range(15)])
+    threads = start(producer)
+    time.sleep(0.5)
+    consumer = Consumer(router.url, name, count=15, prefetch=5)
+    run_all(consumer)
+    for t in threads:
+        t.join(30)
+    assert Counter(producer.outcomes.values()) == {"accepted": 15}
+    assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(15))
+
+
+def test_ring_keeps_the_newest_max_count(qpid_flow_process) -> None:
+    admin = f"127.0.0.1:{free_port()}"
+    router = Router(
+        qpid_flow_process(
+            config_text='[destinations."PRICES.>"]\nlimit_policy = "ring"\nmax_count = 10\n',
+            extra_args=["--admin", admin],
+        ),
+        admin,
+    )
+    producer = Producer(router.url, "PRICES.STOCK.IBM", [make_message("p", i) for i in range(50)])
+    run_all(producer)
+    assert Counter(producer.outcomes.values()) == {"accepted": 50}, "a ring never blocks nor rejects"
+    record = router.stat("PRICES.STOCK.IBM")
+    assert (record["depth"], record["ringDropped"], record["flowStoppedCount"]) == (10, 40, 0)
+    consumer = Consumer(router.url, "PRICES.STOCK.IBM", prefetch=20, idle_stop=1.5)
+    run_all(consumer)
+    assert [r.message.properties["index"] for r in consumer.received] == list(range(40, 50))
+
+
+def test_anonymous_relay_settles_the_free_destination_at_once_and_the_stopped_one_on_resume(start_router) -> None:
+    stopped, free = unique("stopped"), unique("free")
+    router = start_router(f'[destinations."{stopped}"]\nflow_stop_count = 5\nflow_resume_count = 3\n')
+    filler = Producer(router.url, stopped, [make_message("filler", i) for i in range(6)])
+    run_all(filler)
+    assert router.stat(stopped)["flowStopped"] is True
+    messages = []
+    for i in range(20):
+        m = make_message("anon", i)
+        m.address = stopped if i % 5 == 0 else free  # 4 to the stopped one, 16 to the free one
+        messages.append(m)
+    producer = Producer(router.url, None, messages, timeout=60)
+    threads = start(producer)
+    time.sleep(2.0)
+    settled = dict(producer.outcomes)
+    assert sorted(settled) == [i for i in range(20) if i % 5], "only the free destination's transfers settled"
+    assert router.stat(stopped)["producersBlocked"] == 1
+    drain = Consumer(router.url, stopped, count=10, prefetch=10)
+    run_all(drain)
+    for t in threads:
+        t.join(30)
+    assert Counter(producer.outcomes.values()) == {"accepted": 20}
+    assert min(producer.settled_at[i] for i in range(0, 20, 5)) >= min(r.settled_at for r in drain.received)
+
+
+def test_policy_change_and_operator_stop_start_at_runtime(start_router) -> None:
+    name = unique("runtime")
+    router = start_router(seed_config(name))
+    producer = Producer(router.url, name, [make_message("p", i) for i in range(1500)], timeout=120)
+    threads = start(producer)
+    assert wait_until_quiet([producer]) == 901
+    # Raise the limits without a restart: flow resumes at once and the rest goes in.
+    changed = router.cli(
+        "config", "add", "destination", name, "--max-count", "5000", "--flow-stop-count", "4000",
+        "--flow-resume-count", "3000",
+    )  # fmt: skip
+    assert changed.returncode == 0, changed.stderr
+    for t in threads:
+        t.join(60)
+    assert Counter(producer.outcomes.values()) == {"accepted": 1500}
+    record = router.stat(name)
+    assert (record["flowStopped"], record["flowStoppedCount"], record["flowStopCount"]) == (False, 1, 4000)
+    # An operator stops every producer of the pattern, then starts them again.
+    assert router.cli("producers", "stop", name).returncode == 0
+    second = Producer(router.url, name, [make_message("q", i) for i in range(50)], timeout=60)
+    threads = start(second)
+    time.sleep(1.5)
+    assert len(second.outcomes) == 0, "stopped producers get no credit"
+    assert router.stat(name)["producersStopped"] is True
+    assert router.cli("producers", "start", name).returncode == 0
+    for t in threads:
+        t.join(30)
+    assert Counter(second.outcomes.values()) == {"accepted": 50}
+
+
+def test_stat_cli_prints_one_record_per_destination(start_router) -> None:
+    name = unique("cli")
+    router = start_router(seed_config(name))
+    result = router.cli("stat", "--json")
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)
+    assert records[name]["flowStopped"] is False
+    assert records[name]["maxCount"] == 1000
+    for field in ("depth", "bytes", "flowStoppedCount", "producers", "producersBlocked", "consumers"):
+        assert field in records[name]
+
+
+def test_memory_limit_stops_all_producer_credit(qpid_flow_process) -> None:
+    admin = f"127.0.0.1:{free_port()}"
+    router = Router(
+        qpid_flow_process(
+            config_text='memory_limit = "20 KB"\nproducer_window = 10\ndefault_max_size = 0\n',
+            extra_args=["--admin", admin],
+        ),
+        admin,
+    )
+    producers = [
+        Producer(router.url, f"mem-{k}", [make_message(f"p{k}", i, size=1024) for i in range(100)], timeout=60)
+        for k in range(2)
+    ]
+    threads = start(*producers)
+    accepted = wait_until_quiet(producers)
+    # 20 KB of 1 KB messages, plus at most the credit already out (2 windows of 10).
+    assert 20 <= accepted <= 20 + 2 * 10 + 1, accepted
+    consumers = [Consumer(router.url, f"mem-{k}", count=100, prefetch=10, timeout=60) for k in range(2)]
+    run_all(*consumers)
+    for t in threads:
+        t.join(30)
+    assert all(Counter(p.outcomes.values()) == {"accepted": 100} for p in producers)
+    assert all(len(c.received) == 100 for c in consumers)
+
+
+def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabbitmq, qpid_flow_process) -> None:
+    """The plugins/qpid-flow-rabbitmq-depth plugin, loaded through its entry point."""
+    import pika
+
+    name = unique("backlog")
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq.url + "/%2F")) as connection:
+        channel = connection.channel()
+        channel.queue_declare(name)
+        for i in range(950):
+            channel.basic_publish("", name, f"old-{i}".encode())
+    admin = f"127.0.0.1:{free_port()}"
+    router = Router(
+        qpid_flow_process(
+            broker_url=rabbitmq.url,
+            config_text=seed_config(name) + '[plugins.rabbitmq_depth]\ninterval = "0.5s"\n',
+            extra_args=["--admin", admin],
+        ),
+        admin,
+    )
+    deadline = time.monotonic() + 15
+    while router.stat(name)["depth"] != 950 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    record = router.stat(name)
+    assert (record["depth"], record["flowStopped"]) == (950, True), record
+    producer = Producer(router.url, name, [make_message("p", i) for i in range(20)], timeout=60)
+    threads = start(producer)
+    time.sleep(1.5)
+    assert producer.outcomes == {}, "the broker's backlog keeps producers stopped"
+    consumer = Consumer(router.url, name, count=970, prefetch=50, timeout=60)
+    run_all(consumer)
+    for t in threads:
+        t.join(30)
+    assert Counter(producer.outcomes.values()) == {"accepted": 20}
+    assert len(consumer.received) == 970

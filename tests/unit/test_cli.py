@@ -1,0 +1,245 @@
+"""The client commands against a real admin endpoint (fake router) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from qpid_flow import admin as admin_module
+from qpid_flow import cli
+from qpid_flow.admin import AdminServer
+from qpid_flow.config import ConfigError
+from tests.unit.test_admin import ORDERS, SLASHED, FakeOperations
+
+
+@pytest.fixture
+def ops() -> FakeOperations:
+    return FakeOperations()
+
+
+class QuietLog:
+    """structlog's default configuration prints to stdout, which capsys would mix into the output."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+@pytest.fixture
+def admin(ops: FakeOperations, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.delenv("QPID_FLOW_ADMIN", raising=False)
+    monkeypatch.setattr(admin_module, "log", QuietLog())
+    server = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor)
+    server.start()
+    yield f"127.0.0.1:{server.port}"
+    server.stop()
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_stat_table(admin: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "stat", "--admin", admin)
+    assert (code, err) == (0, "")
+    header, rule, *rows = out.splitlines()
+    assert header.split() == [
+        "name",
+        "depth",
+        "bytes",
+        "flowStopped",
+        "flowStoppedCount",
+        "stop/resume-count",
+        "stop/resume-size",
+        "max-count",
+        "max-size",
+        "producers",
+        "blocked",
+        "consumers",
+        "groups",
+    ]
+    assert set(rule.strip()) == {"="}
+    # sorted by name; Y/N for flowStopped; "-" for what the record does not carry
+    assert [r.split() for r in rows] == [
+        ["/queue/orders", "0", "0", "N", "-", "-", "-", "-", "-", "-", "-", "-", "-"],
+        ["orders", "950", "12345", "Y", "3", "900/500", "-", "1000", "104857600", "4", "2", "1", "7"],
+    ]
+    # aligned: every row as wide as the header
+    assert len({len(line) for line in (header, *rows)}) == 1
+
+
+def test_stat_json_is_keyed_by_name(admin: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "stat", "--json", "--admin", admin)
+    assert code == 0
+    assert json.loads(out) == {"orders": ORDERS, "/queue/orders": SLASHED}
+    assert list(json.loads(out)) == ["/queue/orders", "orders"]  # sorted keys
+
+
+def test_admin_address_from_the_environment(
+    admin: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QPID_FLOW_ADMIN", admin)
+    code, out, _ = run(capsys, "stat", "--json")
+    assert code == 0
+    assert "orders" in json.loads(out)
+
+
+def test_config_add_sends_exactly_the_flags_given(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(
+        capsys,
+        "config",
+        "add",
+        "destination",
+        "/queue/orders",
+        "--max-count",
+        "1000",
+        "--max-size",
+        "10 MB",
+        "--flow-stop-count",
+        "900",
+        "--flow-resume-count",
+        "500",
+        "--flow-stop-size",
+        "8192",
+        "--flow-resume-size",
+        "6 KB",
+        "--limit-policy",
+        "flow",
+        "--reject-after",
+        "30s",
+        "--group-header",
+        "JMSXGroupID",
+        "--shared-groups",
+        "--group-lease",
+        "2.5",
+        "--admin",
+        admin,
+    )
+    assert (code, err) == (0, "")
+    expected = {
+        "max_count": 1000,
+        "max_size": "10 MB",
+        "flow_stop_count": 900,
+        "flow_resume_count": 500,
+        "flow_stop_size": 8192,
+        "flow_resume_size": "6 KB",
+        "limit_policy": "flow",
+        "reject_after": "30s",
+        "group_header": "JMSXGroupID",
+        "shared_groups": True,
+        "group_lease": 2.5,
+    }
+    assert ops.calls == [("add_destination", "/queue/orders", expected)]
+    assert json.loads(out) == {"name": "/queue/orders", **expected}
+
+
+def test_config_add_sends_nothing_it_was_not_given(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, _ = run(capsys, "config", "add", "destination", "PRICES.>", "--no-shared-groups", "--admin", admin)
+    assert code == 0
+    assert ops.calls == [("add_destination", "PRICES.>", {"shared_groups": False})]
+
+
+def test_config_add_with_a_bad_value_exits_2_with_the_routers_error(
+    admin: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "config", "add", "destination", "orders", "--max-count", "-3", "--admin", admin)
+    assert (code, out) == (2, "")
+    assert err == 'qpid-flow: destinations."orders".max_count = -3: must be a non-negative integer\n'
+
+
+def test_config_del(admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "config", "del", "destination", "/queue/orders", "--admin", admin)
+    assert code == 0
+    assert ops.calls == [("remove_destination", "/queue/orders")]
+    assert json.loads(out) == {"name": "/queue/orders", "removed": True}
+
+
+def test_config_del_of_an_unknown_policy_exits_2(admin: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "config", "del", "destination", "nope", "--admin", admin)
+    assert (code, out, err) == (2, "", "qpid-flow: no destination policy 'nope'\n")
+
+
+@pytest.mark.parametrize("action", ["stop", "start"])
+def test_producers(admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str], action: str) -> None:
+    code, out, _ = run(capsys, "producers", action, "PRICES.>", "--admin", admin)
+    assert code == 0
+    assert ops.calls == [("producers", action, "PRICES.>")]
+    assert json.loads(out)["action"] == action
+
+
+def test_groups_table(admin: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "groups", "orders", "--admin", admin)
+    assert code == 0
+    header, rule, *rows = out.splitlines()
+    assert header.split() == ["group", "owner", "held", "waiting"]
+    assert set(rule.strip()) == {"="}
+    assert [r.split() for r in rows] == [["g1", "c1/l2", "3", "10"], ["g2", "-", "0", "1"]]
+
+
+def test_groups_json(admin: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "groups", "orders", "--json", "--admin", admin)
+    assert code == 0
+    assert json.loads(out) == {
+        "groups": [
+            {"group": "g1", "owner": "c1/l2", "held": 3, "waiting": 10},
+            {"group": "g2", "owner": None, "held": 0, "waiting": 1},
+        ]
+    }
+
+
+def test_groups_of_an_unknown_destination_exits_2(admin: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "groups", "nope", "--admin", admin)
+    assert (code, err) == (2, "qpid-flow: no destination 'nope'\n")
+
+
+def test_unreachable_endpoint_exits_1_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"127.0.0.1:{closed_port()}"
+    code, out, err = run(capsys, "stat", "--admin", address, "--timeout", "2")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"qpid-flow: cannot reach the admin endpoint at {address} (is 'qpid-flow serve --admin {address}' running?)\n"
+    )
+
+
+def test_server_error_exits_1(admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str]) -> None:
+    ops.fail_with = RuntimeError("boom")
+    code, _, err = run(capsys, "stat", "--admin", admin)
+    assert code == 1
+    assert err == f"qpid-flow: the admin endpoint at {admin} answered 500: RuntimeError: boom\n"
+
+
+def test_a_bad_admin_address_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["stat", "--admin", "localhost"])
+    assert caught.value.code == 2
+    assert "HOST:PORT" in capsys.readouterr().err
+
+
+def test_serve_admin_overrides_the_config_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_load_config(path: Any, overrides: dict[str, Any]) -> Any:
+        seen.update(overrides)
+        raise ConfigError("test", 0, "stop here")
+
+    monkeypatch.setattr(cli, "load_config", fake_load_config)
+    code, _, _ = run(capsys, "serve", "--admin", "127.0.0.1:9000")
+    assert code == 2
+    assert seen["admin"] == "127.0.0.1:9000"
