@@ -158,6 +158,9 @@ class DestinationPolicy:
     flow_resume_size: int | None = None
     limit_policy: str | None = None  # "flow" (default), "reject", "ring"
     reject_after: float | None = None  # seconds: block, then reject (sendFailIfNoSpaceAfterTimeout)
+    shared_groups: bool | None = None
+    group_header: str | None = None  # None: the AMQP properties.group-id field
+    group_lease: float | None = None  # seconds an owner may hold a group without settling
 
     @property
     def policy(self) -> str:
@@ -179,6 +182,11 @@ _DESTINATION_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "flow_resume_size": ("flow_resume_size", parse_size),
     "limit_policy": ("limit_policy", _one_of("flow", "reject", "ring")),
     "reject_after": ("reject_after", parse_duration),
+    "shared_groups": ("shared_groups", _boolean),
+    "group_header": ("group_header", _string),
+    "group_lease": ("group_lease", parse_duration),
+    "qpid.shared_msg_group": ("shared_groups", _boolean),
+    "qpid.group_header_key": ("group_header", _string),
     "qpid.max_count": ("max_count", _non_negative_int),
     "qpid.max_size": ("max_size", parse_size),
     "qpid.flow_stop_count": ("flow_stop_count", _non_negative_int),
@@ -200,6 +208,8 @@ def parse_destination(pattern: str, table: Any) -> DestinationPolicy:
         name, parse = _DESTINATION_KEYS[key]
         values[name] = parse(raw, f"{where}.{key}")
     policy = DestinationPolicy(pattern=pattern, **values)
+    if policy.group_lease is not None and policy.group_lease <= 0:
+        raise ConfigError(f"{where}.group_lease", table.get("group_lease"), "must be a positive duration")
     if policy.reject_after is not None and policy.policy != "flow":
         raise ConfigError(
             f"{where}.reject_after", table.get("reject_after"), f"does not combine with limit_policy {policy.policy!r}"
@@ -251,6 +261,7 @@ class RouterConfig:
     auto_create: bool = True
     reconnect_max_delay: float = 5.0
     shutdown_timeout: float = 5.0
+    default_message_group: str = "qpid.no-group"
     default_flow_stop_threshold: int = 80
     default_flow_resume_threshold: int = 70
     memory_limit: int = 0
@@ -313,6 +324,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "auto_create": _boolean,
     "reconnect_max_delay": parse_duration,
     "shutdown_timeout": parse_duration,
+    "default_message_group": _string,
     "default_flow_stop_threshold": _percent,
     "default_flow_resume_threshold": _percent,
     "memory_limit": parse_size,

@@ -11,13 +11,12 @@ unsettled upstream until a consumer settles them (``Message.on_dequeue``).
 
 from __future__ import annotations
 
-import bisect
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from qpid_flow.model import Consumer, Hold, Message, Outcome, Producer, Settlement
+from qpid_flow.model import Consumer, Message, Outcome, Producer, Settlement
+from qpid_flow.queues import FifoQueue, MessageQueue
 
 if TYPE_CHECKING:
     from qpid_flow.config import DestinationPolicy
@@ -49,9 +48,11 @@ class Destination:
         self.policy = policy
         self._hooks = hooks
         self._clock = clock
-        self._lookahead = lookahead
         self._memory = memory
-        self.queue: deque[Message] = deque()  # ready for a consumer, in order
+        # Waiting for a consumer; a plugin may install another kind (message groups).
+        self.queue: MessageQueue = FifoQueue(hooks.consumer_select, lookahead)
+        # The consumer-selection hook, for queues that plugins install.
+        self.queue_select = hooks.consumer_select
         self.consumers: list[Consumer] = []
         self.producers: set[Producer] = set()
         # Depth counts every message admitted and not yet dequeued: waiting ones and those
@@ -126,14 +127,13 @@ class Destination:
         if self.consumers:
             self.dispatch()
 
-    def _requeue(self, message: Message) -> None:
-        """Put a released message back in its original place (before later messages)."""
-        queue = self.queue
-        if not queue or message.sequence < queue[0].sequence:
-            queue.appendleft(message)
-        else:
-            index = bisect.bisect_left(queue, message.sequence, key=_sequence_of)
-            queue.insert(index, message)
+    def replace_queue(self, queue: MessageQueue | None = None) -> None:
+        """Switch to another kind of queue (None: plain FIFO), keeping the waiting messages."""
+        new = queue if queue is not None else FifoQueue(self._hooks.consumer_select)
+        for message in self.queue:
+            new.append(message)
+        self.queue = new
+        self.dispatch()
 
     # --- consumers ----------------------------------------------------------------------
 
@@ -147,42 +147,39 @@ class Destination:
             self.consumers.remove(consumer)
         consumer.credit = 0
         self.release_held(consumer)
+        self.queue.consumer_gone(consumer)
         self._hooks.consumer_detached(consumer=consumer, destination=self)
         self.dispatch()
 
-    def release_held(self, consumer: Consumer) -> None:
-        """Release every message ``consumer`` holds, as if it had released them itself."""
-        held = sorted(consumer.held.values(), key=_sequence_of, reverse=True)
-        consumer.held.clear()
+    def release_held(self, consumer: Consumer, messages: list[Message] | None = None) -> None:
+        """Release what ``consumer`` holds (all, or just ``messages``) back in order, as if
+        it had released them itself: on detach, on shutdown, when a group lease expires."""
+        if messages is None:
+            messages = list(consumer.held.values())
         released = Settlement.released()
-        for message in held:
-            self._requeue(message)
+        for message in sorted(messages, key=_sequence_of, reverse=True):
+            if consumer.held.pop(message.sequence, None) is None:
+                continue
+            self.queue.released(consumer, message)
+            self.queue.requeue(message)
             self._hooks.message_settled(destination=self, message=message, consumer=None, settlement=released)
 
     def credit_changed(self, consumer: Consumer, credit: int) -> None:
         """The consumer's link credit is now ``credit``; send what it can take."""
+        had_none = consumer.credit <= 0
         consumer.credit = credit
         if credit > 0 and self.queue:
+            if had_none:
+                self.queue.consumer_ready(consumer)
             self.dispatch()
 
     def dispatch(self) -> None:
-        """Hand waiting messages to consumers with credit, as the selection hook decides."""
-        queue = self.queue
-        if not queue:
+        """Hand waiting messages to consumers with credit."""
+        if not self.queue:
             return
         ready = [c for c in self.consumers if c.credit > 0]
-        index = 0
-        select = self._hooks.consumer_select
-        while ready and index < len(queue) and index < self._lookahead:
-            message = queue[index]
-            choice = select(destination=self, message=message, consumers=ready)
-            if choice is None or isinstance(choice, Hold):
-                index += 1  # this one waits; groups behind it must not
-                continue
-            del queue[index]
-            self._send(choice, message)
-            if choice.credit <= 0:
-                ready.remove(choice)
+        if ready:
+            self.queue.dispatch(self, ready, self._send)
 
     def _send(self, consumer: Consumer, message: Message) -> None:
         consumer.credit -= 1
@@ -190,6 +187,7 @@ class Destination:
         if consumer.presettled:
             consumer.deliver(consumer, message)
             self._hooks.message_delivered(destination=self, message=message, consumer=consumer)
+            self.queue.released(consumer, message)
             self._dequeue(message, consumer, Settlement.accepted())
             return
         consumer.held[message.sequence] = message
@@ -202,13 +200,14 @@ class Destination:
         """A consumer settled ``message``: it leaves (accepted, rejected) or goes back."""
         if consumer.held.pop(message.sequence, None) is None:
             return  # already released (consumer detached) or settled twice
+        self.queue.released(consumer, message)
         if settlement.outcome.removes_message or (
             settlement.outcome is Outcome.MODIFIED and settlement.undeliverable_here and message.on_dequeue
         ):
             # undeliverable-here in front of a broker: let the broker route it elsewhere.
             self._dequeue(message, consumer, settlement)
             return
-        self._requeue(message)
+        self.queue.requeue(message)
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
         self.dispatch()
 
@@ -222,9 +221,9 @@ class Destination:
 
     def drop_oldest(self) -> bool:
         """Ring: drop the oldest waiting message to make room. False if none is waiting."""
-        if not self.queue:
+        message = self.queue.pop_oldest()
+        if message is None:
             return False
-        message = self.queue.popleft()
         self.ring_dropped += 1
         self._dequeue(message, None, RING_DROPPED)
         return True
@@ -232,8 +231,8 @@ class Destination:
     def purge(self) -> int:
         """Drop every waiting message (not those consumers hold). Returns how many."""
         dropped = 0
-        while self.queue:
-            self._dequeue(self.queue.popleft(), None, PURGED)
+        while (message := self.queue.pop_oldest()) is not None:
+            self._dequeue(message, None, PURGED)
             dropped += 1
         return dropped
 
@@ -271,11 +270,9 @@ class Destination:
             for sequence, message in list(consumer.held.items()):
                 if predicate(message):
                     del consumer.held[sequence]
+                    self.queue.released(consumer, message)
                     gone.append(message)
-        kept: deque[Message] = deque()
-        for message in self.queue:
-            (gone if predicate(message) else kept).append(message)
-        self.queue = kept
+        gone.extend(self.queue.remove_where(predicate))
         if self._memory is not None:
             self._memory.sub(sum(m.size for m in gone))
         return len(gone)

@@ -34,6 +34,7 @@ ENTRY_POINT_GROUP = "qpid_flow"
 BUILTIN_PLUGINS: dict[str, str] = {
     "passthrough": "qpid_flow.builtin.passthrough",
     "flow": "qpid_flow.builtin.flow",
+    "groups": "qpid_flow.builtin.groups",
 }
 
 

@@ -270,7 +270,8 @@ class BrokerBackend(Handler):
             return
         # No local consumer is left: give back what was fetched ahead, then detach.
         destination.upstream_credit = 0
-        released = [m for m in destination.queue if m.upstream_epoch == self.epoch]
+        current = self.epoch
+        released = [m for m in destination.queue if m.upstream_epoch == current]
         destination.forget(lambda m: m.upstream_epoch != 0)
         for message in released:
             if message.on_dequeue is not None:

@@ -141,7 +141,10 @@ def test_presettled_producer_and_consumer(router) -> None:
 
 
 def test_full_standalone_destination_rejects_with_resource_limit_exceeded(qpid_flow_process) -> None:
-    router = qpid_flow_process(config_text='[destinations."tiny"]\nmax_count = 5\n')
+    # Flow control off (it would hold the producer back before the queue is full).
+    router = qpid_flow_process(
+        config_text='[destinations."tiny"]\nmax_count = 5\nflow_stop_count = 0\nflow_stop_size = 0\n'
+    )
     producer = Producer(router.url, "tiny", [make_message("p", i) for i in range(8)])
     run_all(producer)
     assert [producer.outcomes[i] for i in range(8)] == ["accepted"] * 5 + ["rejected"] * 3

@@ -1,0 +1,144 @@
+"""Shared message groups (seed 001), as a plugin.
+
+A destination with ``shared_groups = true`` gets a :class:`~qpid_flow.groups.GroupedQueue`:
+one owner per group at a time, groups never blocking each other, released messages back
+at the front of their group. This plugin installs it, chooses the consumer of a free
+group (the one owning the fewest groups, then the one with the most credit), enforces
+``group_lease`` and reports groups in the statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from qpid_flow import hookimpl
+from qpid_flow.groups import GroupedQueue
+from qpid_flow.model import Outcome
+
+if TYPE_CHECKING:
+    from qpid_flow.config import RouterConfig
+    from qpid_flow.control import RouterControl
+    from qpid_flow.destination import Destination
+    from qpid_flow.model import Consumer, Message, Settlement
+
+log = structlog.get_logger("qpid_flow.groups")
+
+# How often leases are checked: a lease is honoured to within this.
+LEASE_SWEEP = 0.1
+
+
+class Plugin:
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._default_group = "qpid.no-group"
+        self._control: RouterControl | None = None
+        self._grouped: dict[str, Destination] = {}
+
+    @hookimpl
+    def qpid_flow_configure(self, config: RouterConfig) -> None:
+        self._default_group = config.default_message_group
+
+    @hookimpl
+    def qpid_flow_started(self, control: RouterControl) -> None:
+        self._control = control
+        control.schedule(LEASE_SWEEP, self._sweep_leases)
+
+    @hookimpl
+    def qpid_flow_destination_created(self, destination: Destination) -> None:
+        if destination.policy.shared_groups:
+            self._install(destination)
+
+    @hookimpl
+    def qpid_flow_destination_policy_changed(self, destination: Destination) -> None:
+        queue = destination.queue
+        grouped = isinstance(queue, GroupedQueue)
+        if destination.policy.shared_groups:
+            if not isinstance(queue, GroupedQueue) or queue.header != destination.policy.group_header:
+                self._install(destination)
+        elif grouped:
+            self._grouped.pop(destination.address, None)
+            destination.replace_queue(None)
+            log.info("groups_disabled", address=destination.address)
+
+    def _install(self, destination: Destination) -> None:
+        address = destination.address
+        queue = GroupedQueue(
+            destination.policy.group_header,
+            destination.queue_select,
+            self._default_group,
+            self._clock,
+            lambda event, group, consumer: log.debug(event, address=address, group=group, consumer=consumer.id),
+        )
+        for consumer in destination.consumers:
+            for message in sorted(consumer.held.values(), key=lambda m: m.sequence):
+                queue.adopt(consumer, message)
+        self._grouped[address] = destination
+        destination.replace_queue(queue)
+        log.info("groups_enabled", address=address, group_header=destination.policy.group_header or "group-id")
+
+    @hookimpl
+    def qpid_flow_consumer_select(self, destination: Destination, consumers: list[Consumer]) -> Consumer | None:
+        queue = destination.queue
+        if not isinstance(queue, GroupedQueue):
+            return None
+        # A free group goes to the consumer owning the fewest groups, then the one with most
+        # credit: groups spread over consumers instead of piling on the first.
+        return min(consumers, key=lambda c: (queue.owned_by(c), -c.credit))
+
+    @hookimpl
+    def qpid_flow_message_settled(
+        self, destination: Destination, message: Message, consumer: Consumer | None, settlement: Settlement
+    ) -> None:
+        queue = destination.queue
+        if (
+            consumer is not None
+            and settlement.outcome is Outcome.ACCEPTED
+            and isinstance(queue, GroupedQueue)
+            and queue.accepted_out_of_order(message)
+        ):
+            log.warning(
+                "group_out_of_order",
+                address=destination.address,
+                group=queue.group_of(message),
+                consumer=consumer.id,
+                reason="an earlier message of the group was released and is waiting again",
+            )
+
+    def _sweep_leases(self) -> None:
+        control = self._control
+        if control is None:
+            return
+        now = self._clock()
+        for destination in list(self._grouped.values()):
+            lease = destination.policy.group_lease
+            queue = destination.queue
+            if not lease or not isinstance(queue, GroupedQueue):
+                continue
+            for consumer, group in queue.expired(lease, now):
+                messages = [m for m in consumer.held.values() if queue.group_of(m) == group]
+                log.warning(
+                    "group_lease_expired",
+                    address=destination.address,
+                    group=group,
+                    consumer=consumer.id,
+                    released=len(messages),
+                    lease=lease,
+                )
+                destination.release_held(consumer, messages)
+            destination.dispatch()
+        control.schedule(LEASE_SWEEP, self._sweep_leases)
+
+    @hookimpl
+    def qpid_flow_destination_stats(self, destination: Destination) -> dict[str, Any] | None:
+        queue = destination.queue
+        if not isinstance(queue, GroupedQueue):
+            return None
+        return {
+            "groups": queue.group_count,
+            "sharedGroups": True,
+            "groupHeader": queue.header or "group-id",
+            "groupLease": destination.policy.group_lease,
+        }
