@@ -1,0 +1,162 @@
+"""The built-in flow-control plugin's answers, without a network."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qpid_flow.builtin.flow import Plugin as FlowPlugin
+from qpid_flow.config import build_config
+from qpid_flow.manager import Hooks, build_plugin_manager
+from qpid_flow.memory import MemoryMeter
+from qpid_flow.model import Hold, Message, Outcome, Producer, Reject, Settlement
+from qpid_flow.registry import Destinations
+
+
+class FakeControl:
+    def __init__(self, limit: int = 0) -> None:
+        self.memory = MemoryMeter(limit)
+        self.woken: list[str | None] = []
+        self.timers: list[tuple[float, Any]] = []
+
+    def schedule(self, delay: float, callback: Any) -> None:
+        self.timers.append((delay, callback))
+
+    def destination(self, address: str) -> Any:
+        return self.registry.find(address)
+
+    def wake(self, address: str | None = None) -> None:
+        self.woken.append(address)
+
+    def delayed_producers(self, address: str) -> int:
+        return 0
+
+
+def setup(toml: dict[str, Any], limit: int = 0) -> tuple[Hooks, Destinations, FakeControl, FlowPlugin]:
+    config = build_config({"producer_window": 100, "default_max_size": 0, **toml})
+    pm = build_plugin_manager()
+    hooks = Hooks(pm)
+    hooks.configure(config=config)
+    control = FakeControl(limit)
+    registry = Destinations(config, hooks, control.memory)
+    control.registry = registry  # type: ignore[attr-defined]
+    hooks.started(control=control)
+    flow = pm.get_plugin("flow")
+    return hooks, registry, control, flow
+
+
+SEED = {"destinations": {"orders": {"max_count": 1000, "flow_stop_count": 900, "flow_resume_count": 500}}}
+
+
+def attach(registry: Destinations, address: str | None) -> Producer:
+    producer = Producer(address)
+    if address is not None:
+        registry.get(address).producers.add(producer)  # type: ignore[union-attr]
+    return producer
+
+
+def fill(registry: Destinations, address: str, count: int) -> None:
+    destination = registry.get(address)
+    assert destination is not None
+    for _ in range(count):
+        destination.enqueue(Message(b"x" * 10, address))
+
+
+def test_credit_never_exceeds_the_headroom_across_producers() -> None:
+    hooks, registry, _, _ = setup(SEED)
+    fill(registry, "orders", 850)
+    orders = registry.get("orders")
+    a, b = attach(registry, "orders"), attach(registry, "orders")
+    a.credit = hooks.producer_credit(producer=a, destination=orders)
+    b.credit = hooks.producer_credit(producer=b, destination=orders)
+    assert a.credit + b.credit == 51  # 850 + 51 = 901: the crossing one is the last
+
+
+def test_no_credit_while_stopped_and_credit_again_below_resume() -> None:
+    hooks, registry, control, _ = setup(SEED)
+    fill(registry, "orders", 901)
+    orders = registry.get("orders")
+    assert orders is not None
+    producer = attach(registry, "orders")
+    assert hooks.producer_credit(producer=producer, destination=orders) == 0
+    consumerless = list(orders.queue)
+    for message in consumerless[:401]:  # depth 500: still ON
+        orders.queue.remove_where(lambda m, target=message: m is target)
+        orders.count_out(message)
+    assert hooks.producer_credit(producer=producer, destination=orders) == 0
+    message = consumerless[401]
+    orders.queue.remove_where(lambda m: m is message)
+    orders.count_out(message)  # 499: OFF
+    assert control.timers, "resuming schedules a wake-up"
+    assert hooks.producer_credit(producer=producer, destination=orders) == 100
+
+
+def test_anonymous_relay_settlement_waits_while_stopped() -> None:
+    hooks, registry, _, _ = setup(SEED)
+    fill(registry, "orders", 901)
+    orders = registry.get("orders")
+    anonymous = attach(registry, None)
+    accepted = Settlement.accepted()
+    message = Message(b"x", "orders")
+    assert hooks.settlement_delay(producer=anonymous, message=message, destination=orders, settlement=accepted)
+    named = attach(registry, "orders")
+    assert not hooks.settlement_delay(producer=named, message=message, destination=orders, settlement=accepted)
+    rejected = Settlement(Outcome.REJECTED)
+    assert not hooks.settlement_delay(producer=anonymous, message=message, destination=orders, settlement=rejected)
+
+
+def test_reject_policy_rejects_while_on_and_reject_after_holds_first() -> None:
+    hooks, registry, _, _ = setup(
+        {
+            "destinations": {
+                "fast": {"limit_policy": "reject", "flow_stop_count": 2, "flow_resume_count": 1},
+                "slow": {"reject_after": "2s", "flow_stop_count": 2, "flow_resume_count": 1},
+            }
+        }
+    )
+    for name in ("fast", "slow"):
+        fill(registry, name, 3)
+    producer = attach(registry, "fast")
+    decision = hooks.transfer_arrived(producer=producer, message=Message(b"x", "fast"), destination=registry.get("fast"))
+    assert isinstance(decision, Reject) and decision.condition == "amqp:resource-limit-exceeded"
+    assert "'fast' is full" in decision.description
+    decision = hooks.transfer_arrived(producer=producer, message=Message(b"x", "slow"), destination=registry.get("slow"))
+    assert isinstance(decision, Hold)
+    # Credit keeps flowing for both: the producer must be able to send to be answered.
+    assert hooks.producer_credit(producer=producer, destination=registry.get("fast")) == 100
+
+
+def test_memory_limit_stops_every_producer() -> None:
+    hooks, registry, control, _ = setup({}, limit=100)
+    producer = attach(registry, "any")
+    control.memory.add(101)
+    assert hooks.producer_credit(producer=producer, destination=registry.get("any")) == 0
+    assert hooks.producer_credit(producer=attach(registry, None), destination=None) == 0
+    control.memory.sub(1)
+    assert hooks.producer_credit(producer=producer, destination=registry.get("any")) == 100
+
+
+def test_operator_stop_and_start_by_pattern() -> None:
+    hooks, registry, _, flow = setup({})
+    producer = attach(registry, "orders.eu")
+    flow.stop_producers("orders.*")
+    assert hooks.producer_credit(producer=producer, destination=registry.get("orders.eu")) == 0
+    assert registry.get("orders.eu").stats()["producersStopped"] is True  # type: ignore[union-attr]
+    assert flow.start_producers("orders.*")
+    assert hooks.producer_credit(producer=producer, destination=registry.get("orders.eu")) == 100
+
+
+def test_statistics_carry_the_flow_fields() -> None:
+    _, registry, _, _ = setup(SEED)
+    fill(registry, "orders", 901)
+    record = registry.get("orders").stats()  # type: ignore[union-attr]
+    assert record["flowStopped"] is True and record["flowStoppedCount"] == 1
+    assert (record["flowStopCount"], record["flowResumeCount"], record["depth"]) == (900, 500, 901)
+
+
+def test_with_a_size_threshold_and_no_size_seen_yet_credit_goes_one_at_a_time() -> None:
+    hooks, registry, _, _ = setup({"destinations": {"big": {"flow_stop_size": "8 KB", "flow_resume_size": "6 KB"}}})
+    destination = registry.get("big")
+    producer = attach(registry, "big")
+    assert hooks.producer_credit(producer=producer, destination=destination) == 1
+    fill(registry, "big", 1)  # 10-byte messages: (8192 - 10) // 10 + 1 = 819 more fit
+    assert hooks.producer_credit(producer=producer, destination=destination) == 100
