@@ -206,6 +206,8 @@ class Destination:
         ):
             # undeliverable-here in front of a broker: let the broker route it elsewhere.
             self._dequeue(message, consumer, settlement)
+            if self.queue:
+                self.dispatch()  # settling may free a message group for others
             return
         self.queue.requeue(message)
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)

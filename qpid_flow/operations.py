@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from qpid_flow.config import parse_destination
+from qpid_flow.groups import GroupedQueue
 
 if TYPE_CHECKING:
     from qpid_flow.builtin.flow import Plugin as FlowPlugin
@@ -76,7 +77,7 @@ class Operations:
         destination = self._destinations.find(name)
         if destination is None:
             raise KeyError(f"no destination {name!r}")
-        table = destination.plugin_state.get("groups")
-        if table is None:
+        queue = destination.queue
+        if not isinstance(queue, GroupedQueue):
             raise KeyError(f"message groups are not enabled on {name!r} (shared_groups = true)")
-        return {"name": name, "groups": table.describe()}
+        return {"name": name, "groups": queue.describe()}

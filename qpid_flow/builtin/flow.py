@@ -29,7 +29,7 @@ import structlog
 
 from qpid_flow import hookimpl
 from qpid_flow.builtin.passthrough import window_need
-from qpid_flow.config import pattern_matches
+from qpid_flow.config import build_config, pattern_matches
 from qpid_flow.flow import FlowState, FlowTransition
 from qpid_flow.model import Hold, Outcome, Reject
 
@@ -81,7 +81,7 @@ class Plugin:
 
     @hookimpl
     def qpid_flow_destination_created(self, destination: Destination) -> None:
-        destination.plugin_state[STATE_KEY] = _Entry(FlowState(self._limits_for(destination)))
+        self._entry(destination)
 
     @hookimpl
     def qpid_flow_destination_policy_changed(self, destination: Destination) -> None:
@@ -94,15 +94,17 @@ class Plugin:
         self._wake_soon(destination.address)  # a looser policy may free credit at once
 
     def _limits_for(self, destination: Destination) -> Any:
-        assert self._config is not None
+        if self._config is None:
+            self._config = build_config({})
         limits, warnings = self._config.flow_limits(destination.policy)
         for warning in warnings:
             log.warning("flow_config_warning", address=destination.address, warning=warning)
         return limits
 
-    @staticmethod
-    def _entry(destination: Destination) -> _Entry:
-        entry: _Entry = destination.plugin_state[STATE_KEY]
+    def _entry(self, destination: Destination) -> _Entry:
+        entry: _Entry | None = destination.plugin_state.get(STATE_KEY)
+        if entry is None:  # a destination made outside the registry (tests, other plugins)
+            entry = destination.plugin_state[STATE_KEY] = _Entry(FlowState(self._limits_for(destination)))
         return entry
 
     # --- following the depth ----------------------------------------------------------------

@@ -1,0 +1,203 @@
+"""Shared message groups without a network: seed 001's cases, and memory that follows use."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from typing import Any
+
+import pytest
+from proton import Message as ProtonMessage
+
+from qpid_flow.config import DestinationPolicy
+from qpid_flow.destination import Destination
+from qpid_flow.groups import DEFAULT_GROUP, GroupedQueue, group_key
+from qpid_flow.manager import Hooks, build_plugin_manager
+from qpid_flow.model import Consumer, Message, Settlement
+
+
+class Wire:
+    def __init__(self) -> None:
+        self.sent: list[tuple[Consumer, Message]] = []
+
+    def deliver(self, consumer: Consumer, message: Message) -> None:
+        self.sent.append((consumer, message))
+
+
+
+def grouped(header: str | None = None) -> tuple[Destination, Wire]:
+    hooks = Hooks(build_plugin_manager())
+    destination = Destination("q", DestinationPolicy(pattern="q"), hooks)
+    destination.replace_queue(GroupedQueue(header, hooks.consumer_select))
+    return destination, Wire()
+
+
+def msg(text: str, group: Any = None, header: str | None = None) -> Message:
+    """A real encoded AMQP message: ``text`` in the body, the group in group-id or a header."""
+    if header is None:
+        encoded = ProtonMessage(body=text, group_id=group).encode()
+    else:
+        encoded = ProtonMessage(body=text, properties={header: group} if group is not None else {}).encode()
+    return _labelled(text, encoded)
+
+
+def _labelled(text: str, encoded: bytes) -> Message:
+    message = Message(bytes(encoded), "q")
+    _LABELS[message.sequence] = text
+    return message
+
+
+_LABELS: dict[int, str] = {}
+
+
+def name(message: Message) -> str:
+    return _LABELS[message.sequence]
+
+
+def names(wire: Wire, consumer: Consumer) -> list[str]:
+    return [name(m) for c, m in wire.sent if c is consumer]
+
+
+def add(destination: Destination, wire: Wire, credit: int) -> Consumer:
+    consumer = Consumer("q", wire.deliver)
+    destination.add_consumer(consumer)
+    destination.credit_changed(consumer, credit)
+    return consumer
+
+
+def test_a_held_group_does_not_block_the_group_behind_it() -> None:
+    """Seed 001: A's head is being consumed; B behind it goes to another consumer."""
+    dest, wire = grouped()
+    for text, group in [("A-1", "A"), ("A-2", "A"), ("A-3", "A"), ("B-1", "B"), ("B-2", "B")]:
+        dest.enqueue(msg(text, group))
+    first = add(dest, wire, 1)
+    assert names(wire, first) == ["A-1"]
+    second = add(dest, wire, 10)
+    assert names(wire, second) == ["B-1", "B-2"], "A is blocked for the second consumer, B is not"
+
+
+def test_the_owner_takes_up_to_its_credit_and_the_next_set_may_go_elsewhere() -> None:
+    dest, wire = grouped()
+    for i in range(1, 6):
+        dest.enqueue(msg(f"A-{i}", "A"))
+    first = add(dest, wire, 2)
+    second = add(dest, wire, 5)
+    assert names(wire, first) == ["A-1", "A-2"]
+    assert names(wire, second) == [], "nothing of A while the first consumer holds some"
+    for _, message in list(wire.sent):
+        dest.settle(first, message, Settlement.accepted())
+    # The group is free: the next set goes to whoever can take it (the second has credit).
+    assert names(wire, second) == ["A-3", "A-4", "A-5"]
+
+
+def test_release_a1_accept_a2_is_seed_001s_caveat() -> None:
+    dest, wire = grouped()
+    for i in (1, 2, 3):
+        dest.enqueue(msg(f"A-{i}", "A"))
+    first = add(dest, wire, 2)
+    a1, a2 = (m for _, m in wire.sent)
+    second = add(dest, wire, 5)
+    first.credit = 0
+    dest.settle(first, a1, Settlement.released())
+    assert names(wire, second) == [], "A-1 is back at the front but the group is still the first consumer's"
+    dest.settle(first, a2, Settlement.accepted())
+    # All the first consumer held is settled: the group is free, and A-1 (then A-3) go on.
+    assert names(wire, second) == ["A-1", "A-3"]
+
+
+def test_released_messages_go_back_to_the_front_of_their_group_in_order() -> None:
+    dest, wire = grouped()
+    for i in range(1, 5):
+        dest.enqueue(msg(f"A-{i}", "A"))
+    first = add(dest, wire, 3)
+    dest.remove_consumer(first)  # detach releases A-1..A-3 and frees the group
+    second = add(dest, wire, 10)
+    assert names(wire, second) == ["A-1", "A-2", "A-3", "A-4"]
+
+
+def test_messages_without_a_group_are_in_the_default_group() -> None:
+    dest, wire = grouped()
+    dest.enqueue(msg("n-1", None))
+    dest.enqueue(msg("n-2", ""))
+    first = add(dest, wire, 1)
+    second = add(dest, wire, 1)
+    assert names(wire, first) == ["n-1"]
+    assert names(wire, second) == [], "both are in qpid.no-group, owned by the first consumer"
+    assert [g["group"] for g in dest.queue.describe()] == [DEFAULT_GROUP]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("raw", "key"), [(None, DEFAULT_GROUP), ("", DEFAULT_GROUP), (7, "7"), (b"b", "b"), ("g", "g")])
+def test_group_ids_become_strings(raw: Any, key: str) -> None:
+    assert group_key(raw) == key
+
+
+def test_group_header_reads_an_application_property() -> None:
+    dest, wire = grouped(header="JMSXGroupID")
+    dest.enqueue(msg("x-1", "X", header="JMSXGroupID"))
+    dest.enqueue(msg("y-1", "Y", header="JMSXGroupID"))
+    dest.enqueue(msg("x-2", "X", header="JMSXGroupID"))
+    first = add(dest, wire, 1)
+    second = add(dest, wire, 5)
+    assert names(wire, first) == ["x-1"]
+    assert names(wire, second) == ["y-1"]
+
+
+def test_an_owner_without_credit_costs_nothing() -> None:
+    dest, wire = grouped()
+    owner = add(dest, wire, 1)
+    dest.enqueue(msg("A-1", "A"))
+    calls = 0
+    queue = dest.queue
+    original = queue._select  # type: ignore[attr-defined]
+
+    def counting(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return original(**kwargs)
+
+    queue._select = counting  # type: ignore[attr-defined]
+    other = add(dest, wire, 1000)
+    for i in range(2, 2000):
+        dest.enqueue(msg(f"A-{i}", "A"))  # all behind A-1, owned by a consumer with no credit
+    assert names(wire, other) == [] and calls == 0
+    assert len(queue._heads) <= 1  # type: ignore[attr-defined]
+    assert names(wire, owner) == ["A-1"]
+
+
+def _pass_through(queue: GroupedQueue, groups: int) -> None:
+    """``groups`` distinct groups, one message each, delivered and accepted one by one."""
+    consumer = Consumer("q", lambda c, m: None)
+    consumer.credit = 10**9
+    ready = [consumer]
+    out: list[Message] = []
+
+    def send(c: Consumer, m: Message) -> None:
+        c.credit -= 1
+        out.append(m)
+
+    for i in range(groups):
+        message = Message(b"", "q")
+        message._group_id = f"group-{i}"  # as read from the message
+        queue.append(message)
+        queue.dispatch(None, ready, send)  # type: ignore[arg-type]
+        queue.released(consumer, out.pop())
+    queue.consumer_gone(consumer)
+
+
+def test_a_million_groups_passing_through_leave_no_state_behind() -> None:
+    queue = GroupedQueue(None, lambda destination, message, consumers: consumers[0])
+    _pass_through(queue, 1_000_000)
+    assert (queue.group_count, len(queue), len(queue._heads), len(queue._owned)) == (0, 0, 0, 0)
+
+
+def test_memory_returns_to_where_it_was_after_groups_drain() -> None:
+    queue = GroupedQueue(None, lambda destination, message, consumers: consumers[0])
+    _pass_through(queue, 1000)  # warm up allocator free lists
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    _pass_through(queue, 100_000)
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert after - before < 50_000, f"{after - before} bytes left behind by 100,000 groups"
