@@ -116,10 +116,14 @@ def test_reject_policy_rejects_while_on_and_reject_after_holds_first() -> None:
     for name in ("fast", "slow"):
         fill(registry, name, 3)
     producer = attach(registry, "fast")
-    decision = hooks.transfer_arrived(producer=producer, message=Message(b"x", "fast"), destination=registry.get("fast"))
+    decision = hooks.transfer_arrived(
+        producer=producer, message=Message(b"x", "fast"), destination=registry.get("fast")
+    )
     assert isinstance(decision, Reject) and decision.condition == "amqp:resource-limit-exceeded"
     assert "'fast' is full" in decision.description
-    decision = hooks.transfer_arrived(producer=producer, message=Message(b"x", "slow"), destination=registry.get("slow"))
+    decision = hooks.transfer_arrived(
+        producer=producer, message=Message(b"x", "slow"), destination=registry.get("slow")
+    )
     assert isinstance(decision, Hold)
     # Credit keeps flowing for both: the producer must be able to send to be answered.
     assert hooks.producer_credit(producer=producer, destination=registry.get("fast")) == 100

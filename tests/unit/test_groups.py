@@ -24,7 +24,6 @@ class Wire:
         self.sent.append((consumer, message))
 
 
-
 def grouped(header: str | None = None) -> tuple[Destination, Wire]:
     hooks = Hooks(build_plugin_manager())
     destination = Destination("q", DestinationPolicy(pattern="q"), hooks)
@@ -126,7 +125,9 @@ def test_messages_without_a_group_are_in_the_default_group() -> None:
     assert [g["group"] for g in dest.queue.describe()] == [DEFAULT_GROUP]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("raw", "key"), [(None, DEFAULT_GROUP), ("", DEFAULT_GROUP), (7, "7"), (b"b", "b"), ("g", "g")])
+@pytest.mark.parametrize(
+    ("raw", "key"), [(None, DEFAULT_GROUP), ("", DEFAULT_GROUP), (7, "7"), (b"b", "b"), ("g", "g")]
+)
 def test_group_ids_become_strings(raw: Any, key: str) -> None:
     assert group_key(raw) == key
 
