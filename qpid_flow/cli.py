@@ -48,6 +48,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="HOST:PORT",
         help="serve the HTTP admin endpoint here, e.g. 127.0.0.1:8673 (default: none; no authentication)",
     )
+    serve.add_argument(
+        "--events",
+        metavar="PATH",
+        help="write the event log (JSON lines, rotated) to PATH; see docs/events.md (default: none)",
+    )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["auto", "json", "console"])
     serve.add_argument(
@@ -65,6 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
         "listen": args.listen,
         "broker": args.broker,
         "admin": args.admin,
+        "events": args.events,
         "log_level": args.log_level,
         "log_format": args.log_format,
         "disable_plugins": args.disable_plugin,

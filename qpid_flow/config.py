@@ -262,6 +262,9 @@ class RouterConfig:
     reconnect_max_delay: float = 5.0
     shutdown_timeout: float = 5.0
     default_message_group: str = "qpid.no-group"
+    events: str | None = None
+    events_max_bytes: int = 100 * 1024 * 1024
+    events_backups: int = 5
     default_flow_stop_threshold: int = 80
     default_flow_resume_threshold: int = 70
     memory_limit: int = 0
@@ -325,6 +328,9 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "reconnect_max_delay": parse_duration,
     "shutdown_timeout": parse_duration,
     "default_message_group": _string,
+    "events": _string,
+    "events_max_bytes": parse_size,
+    "events_backups": _non_negative_int,
     "default_flow_stop_threshold": _percent,
     "default_flow_resume_threshold": _percent,
     "memory_limit": parse_size,

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from qpid_flow.bridge import ReactorBridge
     from qpid_flow.destination import Destination
+    from qpid_flow.manager import Hooks
     from qpid_flow.memory import MemoryMeter
     from qpid_flow.registry import Destinations
     from qpid_flow.router import Router
@@ -39,6 +40,7 @@ class RouterControl:
         destinations: Destinations,
         bridge: ReactorBridge,
         memory: MemoryMeter,
+        hooks: Hooks,
     ) -> None:
         self._container = container
         self._router = router
@@ -46,6 +48,8 @@ class RouterControl:
         self._bridge = bridge
         # Bytes of messages qpid-flow holds, against ``memory_limit`` (read ``.over``).
         self.memory = memory
+        # Every hook, for a plugin that reports events of its own to other plugins.
+        self.hooks = hooks
 
     def call_from_thread(self, callback: Callable[[], Any]) -> None:
         """Run ``callback`` on the reactor thread soon. The one method that is safe to call

@@ -33,7 +33,7 @@ __all__ = ["DEFAULT_GROUP", "GroupedQueue", "group_key"]
 
 DEFAULT_GROUP = "qpid.no-group"
 
-# (event name, group id, consumer) -> None: group_assigned, group_released, group_out_of_order
+# (event, group id, consumer): ("assigned" | "settled" | "detached" | "lease", ...) -> None
 GroupEvents = Callable[[str, str, Consumer], None]
 
 
@@ -83,6 +83,7 @@ class GroupedQueue:
         self._heads: list[tuple[int, str]] = []  # (head sequence, group): may go now (lazily pruned)
         self._owned: dict[int, set[str]] = {}  # consumer id -> groups it owns
         self._waiting = 0
+        self._release_reason = "settled"
 
     # --- what is in it ------------------------------------------------------------------
 
@@ -201,7 +202,7 @@ class GroupedQueue:
                 group.owner = consumer
                 group.acquired_at = self._clock()
                 self._owned.setdefault(consumer.id, set()).add(key)
-                self._on_event("group_assigned", key, consumer)
+                self._on_event("assigned", key, consumer)
             message = group.messages.popleft()
             self._waiting -= 1
             group.held += 1
@@ -248,9 +249,20 @@ class GroupedQueue:
             owned.discard(key)
             if not owned:
                 del self._owned[consumer.id]
-        self._on_event("group_released", key, consumer)
+        self._on_event(self._release_reason, key, consumer)
         self._offer(group)
         self._forget_if_idle(group)
+
+    def release_reason(self, reason: str) -> GroupedQueue:
+        """Name the reason for the group releases that follow (``lease``); reset after use."""
+        self._release_reason = reason
+        return self
+
+    def __enter__(self) -> GroupedQueue:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._release_reason = "settled"
 
     def accepted_out_of_order(self, message: Message) -> bool:
         """True when an earlier message of the same group is waiting again (it was released
@@ -264,7 +276,7 @@ class GroupedQueue:
             if group is not None and group.owner is consumer:
                 group.owner = None
                 group.held = 0
-                self._on_event("group_released", key, consumer)
+                self._on_event("detached", key, consumer)
                 self._offer(group)
                 self._forget_if_idle(group)
 

@@ -85,6 +85,18 @@ def qpid_flow_depth_changed(destination: Destination) -> None:
 
 
 @hookspec
+def qpid_flow_flow_changed(destination: Destination, stopped: bool, limits: dict[str, int]) -> None:
+    """Producer flow control on ``destination`` turned ON (``stopped``) or OFF.
+
+    :param destination: the destination; ``depth`` and ``bytes`` are the values that
+        caused the change.
+    :param stopped: True when flow turned ON (producers held back), False when it resumed.
+    :param limits: the thresholds in force (``flowStopCount``, ``flowResumeCount``,
+        ``flowStopSize``, ``flowResumeSize``).
+    """
+
+
+@hookspec
 def qpid_flow_destination_stats(destination: Destination) -> dict[str, Any] | None:
     """Statistics a plugin adds to the destination's record (``qpid-flow stat``).
 
@@ -205,6 +217,32 @@ def qpid_flow_consumer_detached(consumer: Consumer, destination: Destination) ->
 
     :param consumer: the link.
     :param destination: where it consumed from.
+    """
+
+
+# --- Message groups --------------------------------------------------------------------
+
+
+@hookspec
+def qpid_flow_group_assigned(destination: Destination, group: str, consumer: Consumer) -> None:
+    """A free message group got an owner: its messages go to ``consumer`` until it has
+    settled all it holds.
+
+    :param destination: the grouped destination.
+    :param group: the group id (the default group for messages without one).
+    :param consumer: the new owner.
+    """
+
+
+@hookspec
+def qpid_flow_group_released(destination: Destination, group: str, consumer: Consumer, reason: str) -> None:
+    """A message group lost its owner and is free again.
+
+    :param destination: the grouped destination.
+    :param group: the group id.
+    :param consumer: the owner it had.
+    :param reason: ``settled`` (the owner settled all it held), ``detached`` (the owner
+        went away), or ``lease`` (the owner held it past ``group_lease``).
     """
 
 

@@ -35,6 +35,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "passthrough": "qpid_flow.builtin.passthrough",
     "flow": "qpid_flow.builtin.flow",
     "groups": "qpid_flow.builtin.groups",
+    "events": "qpid_flow.builtin.events",
 }
 
 
@@ -91,12 +92,15 @@ class Hooks:
         self.destination_created = self._notify(h.qpid_flow_destination_created)
         self.destination_policy_changed = self._notify(h.qpid_flow_destination_policy_changed)
         self.depth_changed = self._notify(h.qpid_flow_depth_changed)
+        self.flow_changed = self._notify(h.qpid_flow_flow_changed)
         self.destination_stats = self._notify(h.qpid_flow_destination_stats)
         self.producer_attached = self._notify(h.qpid_flow_producer_attached)
         self.producer_detached = self._notify(h.qpid_flow_producer_detached)
         self.transfer_settled = self._notify(h.qpid_flow_transfer_settled)
         self.consumer_attached = self._notify(h.qpid_flow_consumer_attached)
         self.consumer_detached = self._notify(h.qpid_flow_consumer_detached)
+        self.group_assigned = self._notify(h.qpid_flow_group_assigned)
+        self.group_released = self._notify(h.qpid_flow_group_released)
         self.message_enqueued = self._notify(h.qpid_flow_message_enqueued)
         self.message_delivered = self._notify(h.qpid_flow_message_delivered)
         self.message_settled = self._notify(h.qpid_flow_message_settled)

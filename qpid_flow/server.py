@@ -44,8 +44,12 @@ class Server(Handler):
     def __init__(self, config: RouterConfig) -> None:
         super().__init__()
         self.config = config
-        self.hooks = Hooks(build_plugin_manager(config.disable_plugins))
-        self.hooks.configure(config=config)
+        plugins = build_plugin_manager(config.disable_plugins)
+        Hooks(plugins).configure(config=config)
+        if not config.events and plugins.has_plugin("events"):
+            plugins.unregister(name="events")  # no event log: no per-message calls for it
+        # Bound after configuration: a notification nobody implements costs nothing.
+        self.hooks = Hooks(plugins)
         self.container = Container(container_id=f"qpid-flow-{socket.gethostname()}-{os.getpid()}")
         self.memory = MemoryMeter(config.memory_limit)
         self.destinations = Destinations(config, self.hooks, self.memory)
@@ -64,7 +68,9 @@ class Server(Handler):
             )
             self.router.backend = self.backend
         self.bridge = ReactorBridge()
-        self.control = RouterControl(self.container, self.router, self.destinations, self.bridge, self.memory)
+        self.control = RouterControl(
+            self.container, self.router, self.destinations, self.bridge, self.memory, self.hooks
+        )
         self._acceptor: Any = None
         self.admin: AdminServer | None = None
         if config.admin is not None:
@@ -81,9 +87,6 @@ class Server(Handler):
         self._acceptor = self.container.listen(f"{host}:{port}")
         if self.admin is not None:
             self.admin.start()
-        for name in self.destinations.policies:
-            if not any(segment in ("*", ">") for segment in name.split(".")):
-                self.destinations.get(name)  # configured names exist from the start, like declared queues
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         if isinstance(self.backend, BrokerBackend):
@@ -96,6 +99,9 @@ class Server(Handler):
             plugins=sorted(name for name, _ in self.hooks.pm.list_name_plugin()),
         )
         self.hooks.started(control=self.control)
+        for name in self.destinations.policies:
+            if not any(segment in ("*", ">") for segment in name.split(".")):
+                self.destinations.get(name)  # configured names exist from the start, like declared queues
         self.container.run()
         log.info("stopped")
 

@@ -131,6 +131,12 @@ class Plugin:
             flowStoppedCount=entry.state.stopped_count,
             **entry.state.limits.as_dict(),
         )
+        if self._control is not None:
+            self._control.hooks.flow_changed(
+                destination=destination,
+                stopped=transition is FlowTransition.STOPPED,
+                limits=entry.state.limits.as_dict(),
+            )
         if transition is FlowTransition.RESUMED:
             self._wake_soon(destination.address)
 

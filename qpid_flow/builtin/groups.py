@@ -70,7 +70,7 @@ class Plugin:
             destination.queue_select,
             self._default_group,
             self._clock,
-            lambda event, group, consumer: log.debug(event, address=address, group=group, consumer=consumer.id),
+            lambda event, group, consumer: self._group_event(destination, event, group, consumer),
         )
         for consumer in destination.consumers:
             for message in sorted(consumer.held.values(), key=lambda m: m.sequence):
@@ -78,6 +78,17 @@ class Plugin:
         self._grouped[address] = destination
         destination.replace_queue(queue)
         log.info("groups_enabled", address=address, group_header=destination.policy.group_header or "group-id")
+
+    def _group_event(self, destination: Destination, event: str, group: str, consumer: Consumer) -> None:
+        hooks = self._control.hooks if self._control is not None else None
+        if event == "assigned":
+            log.debug("group_assigned", address=destination.address, group=group, consumer=consumer.id)
+            if hooks is not None:
+                hooks.group_assigned(destination=destination, group=group, consumer=consumer)
+            return
+        log.debug("group_released", address=destination.address, group=group, consumer=consumer.id, reason=event)
+        if hooks is not None:
+            hooks.group_released(destination=destination, group=group, consumer=consumer, reason=event)
 
     @hookimpl
     def qpid_flow_consumer_select(self, destination: Destination, consumers: list[Consumer]) -> Consumer | None:
@@ -127,7 +138,8 @@ class Plugin:
                     released=len(messages),
                     lease=lease,
                 )
-                destination.release_held(consumer, messages)
+                with queue.release_reason("lease"):
+                    destination.release_held(consumer, messages)
             destination.dispatch()
         control.schedule(LEASE_SWEEP, self._sweep_leases)
 

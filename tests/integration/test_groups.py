@@ -1,0 +1,214 @@
+"""Shared message groups with real consumers, in front of RabbitMQ (no groups of its own) and standalone.
+
+Correctness is judged from the consumers' own records (see group_consumer.py), never
+from qpid-flow's logs: for every group, messages are processed in send order, and no two
+consumers ever hold unsettled messages of the same group at overlapping times.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from proton import Message
+
+from .clients import Producer, run_all
+from .harness.net import free_port
+
+pytestmark = pytest.mark.integration
+
+CONSUMER = Path(__file__).with_name("group_consumer.py")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(params=["broker", "standalone"])
+def router_url(request, qpid_flow_process):
+    def start(config_text: str, extra_args: tuple[str, ...] = ()):
+        broker_url = request.getfixturevalue("rabbitmq").url if request.param == "broker" else None
+        return qpid_flow_process(broker_url=broker_url, config_text=config_text, extra_args=list(extra_args))
+
+    return start
+
+
+def grouped_config(address: str, extra: str = "") -> str:
+    return f'[destinations."{address}"]\nshared_groups = true\nmax_count = 0\nmax_size = 0\n{extra}'
+
+
+def group_messages(groups: int, per_group: int, producer: int, producers: int) -> list[Message]:
+    """Messages of the groups this producer owns (g % producers == producer), interleaved."""
+    mine = [g for g in range(groups) if g % producers == producer]
+    return [
+        Message(body=f"g{g}-{seq}", group_id=f"g{g}", properties={"seq": seq}) for seq in range(per_group) for g in mine
+    ]
+
+
+def start_consumer(url: str, address: str, prefetch: int, delay_ms: float, out: Path, *flags: str):
+    return subprocess.Popen(
+        [sys.executable, str(CONSUMER), url, address, str(prefetch), str(delay_ms), str(out), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def read_records(path: Path) -> list[tuple[str, str, int, float]]:
+    records = []
+    for line in path.read_text().splitlines():
+        kind, group, seq, at = line.split()
+        records.append((kind, group, int(seq), float(at)))
+    return records
+
+
+def audit(
+    records: dict[str, list[tuple[str, str, int, float]]], killed_at: dict[str, float] | None = None
+) -> tuple[set[tuple[str, int]], int]:
+    """Check order and exclusivity from the consumers' records; return what was accepted and
+    how many group hand-overs between consumers there were."""
+    killed_at = killed_at or {}
+    intervals: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    settles: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    accepted: set[tuple[str, int]] = set()
+    for consumer, lines in records.items():
+        open_at: dict[tuple[str, int], float] = {}
+        for kind, group, seq, at in lines:
+            if kind == "R":
+                open_at[(group, seq)] = at
+            else:
+                intervals[group].append((open_at.pop((group, seq)), at, consumer))
+                settles[group].append((at, seq))
+                accepted.add((group, seq))
+        end = killed_at.get(consumer, float("inf"))
+        for (group, _seq), start in open_at.items():
+            intervals[group].append((start, end, consumer))
+    handovers = 0
+    for group, spans in intervals.items():
+        spans.sort()
+        busy_until: dict[str, float] = {}
+        previous = None
+        for start, end, consumer in spans:
+            for other, until in busy_until.items():
+                assert other == consumer or until <= start, (
+                    f"group {group}: {consumer} held a message from {start} while {other} held one until {until}"
+                )
+            busy_until[consumer] = max(busy_until.get(consumer, 0.0), end)
+            handovers += previous is not None and previous != consumer
+            previous = consumer
+    for group, done in settles.items():
+        order = [seq for _, seq in sorted(done)]
+        # Non-decreasing: a message accepted by a consumer that died before its accept
+        # arrived is delivered again, right after, to the next owner.
+        assert order == sorted(order), f"group {group} processed out of order: {order[:20]}"
+    return accepted, handovers
+
+
+def wait_all(processes: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.wait(max(1.0, deadline - time.monotonic()))
+
+
+def test_200_groups_20000_messages_4_consumers_in_order_and_exclusive(router_url, tmp_path) -> None:
+    address = unique("groups")
+    router = router_url(grouped_config(address))
+    consumers = {
+        f"c{i}": start_consumer(router.url, address, prefetch, delay, tmp_path / f"c{i}.log")
+        for i, (prefetch, delay) in enumerate([(1, 0), (5, 0.2), (20, 1), (50, 2)])
+    }
+    producers = [Producer(router.url, address, group_messages(200, 100, p, 2), timeout=300) for p in range(2)]
+    run_all(*producers, timeout=300)
+    assert all(p.error is None and len(p.outcomes) == 10_000 for p in producers)
+    wait_all(list(consumers.values()), 300)
+    records = {name: read_records(tmp_path / f"{name}.log") for name in consumers}
+    accepted, handovers = audit(records)
+    assert accepted == {(f"g{g}", seq) for g in range(200) for seq in range(100)}
+    assert all(any(kind == "S" for kind, *_ in lines) for lines in records.values()), "a consumer got nothing"
+    assert handovers > 0, "groups never moved between consumers: the test would prove nothing"
+
+
+def test_a_killed_consumers_groups_move_on_in_order_and_nothing_is_lost(router_url, tmp_path) -> None:
+    address = unique("groups-kill")
+    router = router_url(grouped_config(address))
+    names = ["c0", "c1", "c2", "victim"]
+    consumers = {
+        name: start_consumer(router.url, address, prefetch, delay, tmp_path / f"{name}.log")
+        for name, (prefetch, delay) in zip(names, [(5, 0.5), (10, 0.5), (20, 1), (20, 1)], strict=True)
+    }
+    producer = Producer(router.url, address, group_messages(50, 100, 0, 1), timeout=300)
+    sending = threading.Thread(target=run_all, args=(producer,), kwargs={"timeout": 300})
+    sending.start()
+    victim_log = tmp_path / "victim.log"
+    deadline = time.monotonic() + 60
+    while (not victim_log.exists() or victim_log.read_text().count("S ") < 300) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    consumers["victim"].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    sending.join(300)
+    wait_all([p for n, p in consumers.items() if n != "victim"], 300)
+    records = {name: read_records(tmp_path / f"{name}.log") for name in names}
+    accepted, _ = audit(records, killed_at={"victim": killed_at})
+    assert accepted == {(f"g{g}", seq) for g in range(50) for seq in range(100)}, "messages were lost"
+    victims_groups = {group for kind, group, _, _ in records["victim"]}
+    survivors = {group for name in names[:3] for kind, group, _, at in records[name] if at > killed_at}
+    assert victims_groups & survivors, "the killed consumer's groups did not move to the others"
+
+
+def test_a_stuck_consumer_loses_its_groups_after_the_lease(router_url, tmp_path) -> None:
+    address = unique("groups-lease")
+    router = router_url(grouped_config(address, 'group_lease = "1s"\n'))
+    producer = Producer(router.url, address, group_messages(20, 20, 0, 1), timeout=120)
+    run_all(producer)
+    assert len(producer.outcomes) == 400
+    stuck = start_consumer(router.url, address, 10, 0, tmp_path / "stuck.log", "--stuck")
+    deadline = time.monotonic() + 20
+    while (not (tmp_path / "stuck.log").exists() or (tmp_path / "stuck.log").read_text().count("R ") < 10) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    workers = {f"w{i}": start_consumer(router.url, address, 10, 0.2, tmp_path / f"w{i}.log") for i in range(2)}
+    wait_all(list(workers.values()), 120)
+    stuck.send_signal(signal.SIGKILL)
+    stuck.wait(10)
+    records = {name: read_records(tmp_path / f"{name}.log") for name in [*workers, "stuck"]}
+    # The lease takes groups away from a consumer that still thinks it holds them (that is
+    # its point), so exclusivity is audited among the working consumers.
+    accepted, _ = audit({name: records[name] for name in workers})
+    assert accepted == {(f"g{g}", seq) for g in range(20) for seq in range(20)}, "the others did not finish"
+    assert {group for _, group, _, _ in records["stuck"]}, "the stuck consumer took nothing"
+    assert "group_lease_expired" in router.log_text()
+
+
+def test_groups_cli_lists_each_group_with_owner_held_and_waiting(qpid_flow_process) -> None:
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='[destinations."carts"]\nshared_groups = true\ngroup_header = "JMSXGroupID"\n',
+        extra_args=["--admin", admin],
+    )
+    messages = [Message(body=f"{g}-{i}", properties={"JMSXGroupID": g, "seq": i}) for g in ("a", "b") for i in range(3)]
+    producer = Producer(router.url, "carts", messages)
+    run_all(producer)
+    result = subprocess.run(
+        [sys.executable, "-m", "qpid_flow", "groups", "carts", "--json", "--admin", admin],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    groups = {g["group"]: g for g in json.loads(result.stdout)["groups"]}
+    assert {k: (v["owner"], v["held"], v["waiting"]) for k, v in groups.items()} == {
+        "a": (None, 0, 3),
+        "b": (None, 0, 3),
+    }
+    with urllib.request.urlopen(f"http://{admin}/v1/destinations/carts", timeout=10) as response:
+        record = json.load(response)
+    assert record["groups"] == 2 and record["groupHeader"] == "JMSXGroupID"
