@@ -89,7 +89,8 @@ class Bench:
     """A destination with a GroupedQueue and consumers recording what they receive."""
 
     def __init__(self, consumers: int, header: str | None, log: list[Message] | None = None) -> None:
-        hooks = Hooks(build_plugin_manager())
+        # As the router runs without --events: the event-log plugin is not loaded.
+        hooks = Hooks(build_plugin_manager(disabled=["events"]))
         self.destination = Destination(ADDRESS, DestinationPolicy(pattern=ADDRESS), hooks)
         self.queue = GroupedQueue(header, hooks.consumer_select)
         self.destination.replace_queue(self.queue)

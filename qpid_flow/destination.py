@@ -187,7 +187,7 @@ class Destination:
         if consumer.presettled:
             consumer.deliver(consumer, message)
             self._hooks.message_delivered(destination=self, message=message, consumer=consumer)
-            self.queue.released(consumer, message)
+            self.queue.released(consumer, message, True)
             self._dequeue(message, consumer, Settlement.accepted())
             return
         consumer.held[message.sequence] = message
@@ -200,7 +200,7 @@ class Destination:
         """A consumer settled ``message``: it leaves (accepted, rejected) or goes back."""
         if consumer.held.pop(message.sequence, None) is None:
             return  # already released (consumer detached) or settled twice
-        self.queue.released(consumer, message)
+        self.queue.released(consumer, message, settlement.outcome.removes_message)
         if settlement.outcome.removes_message or (
             settlement.outcome is Outcome.MODIFIED and settlement.undeliverable_here and message.on_dequeue
         ):

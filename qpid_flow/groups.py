@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_GROUP", "GroupedQueue", "group_key"]
 
 DEFAULT_GROUP = "qpid.no-group"
+_SHRINK_AFTER = 1024
 
-# (event, group id, consumer): ("assigned" | "settled" | "detached" | "lease", ...) -> None
+# (event, group id, consumer) -> None; event: "assigned", a release reason ("settled",
+# "detached", "lease"), or "out_of_order"
 GroupEvents = Callable[[str, str, Consumer], None]
 
 
@@ -84,6 +86,7 @@ class GroupedQueue:
         self._owned: dict[int, set[str]] = {}  # consumer id -> groups it owns
         self._waiting = 0
         self._release_reason = "settled"
+        self._peak_groups = 0
 
     # --- what is in it ------------------------------------------------------------------
 
@@ -119,12 +122,6 @@ class GroupedQueue:
 
     # --- messages in and out ------------------------------------------------------------
 
-    def _group(self, key: str) -> _Group:
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = _Group(key)
-        return group
-
     def _offer(self, group: _Group) -> None:
         """The group's head may be able to go now: put it in the heap."""
         if group.messages and (group.owner is None or group.owner.credit > 0):
@@ -133,6 +130,19 @@ class GroupedQueue:
     def _forget_if_idle(self, group: _Group) -> None:
         if not group.messages and group.owner is None:
             del self._groups[group.key]
+            if not self._groups and self._peak_groups > _SHRINK_AFTER:
+                # A dict keeps its largest size: start afresh once a crowd of groups is gone.
+                self._groups = {}
+                self._heads = []
+                self._peak_groups = 0
+
+    def _group(self, key: str) -> _Group:
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group(key)
+            if len(self._groups) > self._peak_groups:
+                self._peak_groups = len(self._groups)
+        return group
 
     def append(self, message: Message) -> None:
         group = self._group(self.group_of(message))
@@ -233,11 +243,15 @@ class GroupedQueue:
 
     # --- settlement -----------------------------------------------------------------------
 
-    def released(self, consumer: Consumer, message: Message) -> None:
+    def released(self, consumer: Consumer, message: Message, removed: bool = False) -> None:
         key = self.group_of(message)
         group = self._groups.get(key)
         if group is None or group.owner is not consumer:
             return
+        if removed and group.messages and group.messages[0].sequence < message.sequence:
+            # Seed 001's caveat: an earlier message of the group was released and waits
+            # again while this one is done. Allowed; worth knowing.
+            self._on_event("out_of_order", key, consumer)
         group.held -= 1
         group.acquired_at = self._clock()
         if group.held > 0:
@@ -263,12 +277,6 @@ class GroupedQueue:
 
     def __exit__(self, *_exc: object) -> None:
         self._release_reason = "settled"
-
-    def accepted_out_of_order(self, message: Message) -> bool:
-        """True when an earlier message of the same group is waiting again (it was released
-        after this one was delivered): seed 001's caveat, allowed but worth logging."""
-        group = self._groups.get(self.group_of(message))
-        return bool(group and group.messages and group.messages[0].sequence < message.sequence)
 
     def consumer_gone(self, consumer: Consumer) -> None:
         for key in self._owned.pop(consumer.id, set()):

@@ -141,7 +141,7 @@ class Producer:
     ``address`` is None for an anonymous-relay link (each transfer names its ``to``).
     """
 
-    __slots__ = ("address", "connection_id", "credit", "id", "name", "unsettled")
+    __slots__ = ("address", "connection_id", "credit", "id", "last_grant", "name", "unsettled")
 
     def __init__(self, address: str | None, name: str = "", connection_id: str = "") -> None:
         self.id = next_link_id()
@@ -149,6 +149,7 @@ class Producer:
         self.name = name
         self.connection_id = connection_id
         self.credit = 0  # credit the producer holds right now
+        self.last_grant = 0  # credit it held right after the last grant
         self.unsettled = 0  # transfers received and not yet settled back to it
 
     @property

@@ -48,8 +48,9 @@ class MessageQueue(Protocol):
     def dispatch(self, destination: Destination, ready: list[Consumer], send: Send) -> None:
         """Hand waiting messages to ``ready`` consumers (all with credit) by calling ``send``."""
 
-    def released(self, consumer: Consumer, message: Message) -> None:
-        """``consumer`` no longer holds ``message`` (settled with any outcome, or released)."""
+    def released(self, consumer: Consumer, message: Message, removed: bool = False) -> None:
+        """``consumer`` no longer holds ``message``: settled with any outcome, or released.
+        ``removed`` when it left the destination (accepted or rejected)."""
 
     def consumer_ready(self, consumer: Consumer) -> None:
         """``consumer`` went from no credit to some."""
@@ -119,7 +120,7 @@ class FifoQueue:
             if choice.credit <= 0:
                 ready.remove(choice)
 
-    def released(self, consumer: Consumer, message: Message) -> None:
+    def released(self, consumer: Consumer, message: Message, removed: bool = False) -> None:
         pass
 
     def consumer_ready(self, consumer: Consumer) -> None:

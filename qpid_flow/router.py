@@ -351,18 +351,26 @@ class Router(Handler):
         if delivery is not None:
             producer.unsettled -= 1
         self.hooks.transfer_settled(producer=producer, message=message, settlement=settlement)
-        self._grant(producer, link)
+        self._grant(producer, link, ask=False)
 
-    def _grant(self, producer: Producer, link: Link) -> None:
-        """Ask the credit policy how much to add to a producer link, and add it."""
+    def _grant(self, producer: Producer, link: Link, ask: bool = True) -> None:
+        """Ask the credit policy how much to add to a producer link, and add it.
+
+        After a settlement (``ask=False``) the policy is asked only once the link has used
+        half of its last grant: asking per message would cost a hook call per message for
+        an answer that is nearly always "nothing yet".
+        """
         if not self.accepting or not self.backend.writable(producer.address):
             return
         producer.credit = link.credit
+        if not ask and producer.credit * 2 > producer.last_grant:
+            return
         destination = self.destinations.find(producer.address) if producer.address else None
         credit = self.hooks.producer_credit(producer=producer, destination=destination)
         if credit:
             link.flow(credit)
             producer.credit += credit
+            producer.last_grant = producer.credit
 
     def grant_all(self, address: str | None = None) -> None:
         """Re-ask the credit policy for every producer (of ``address``, if given)."""

@@ -16,13 +16,12 @@ import structlog
 
 from qpid_flow import hookimpl
 from qpid_flow.groups import GroupedQueue
-from qpid_flow.model import Outcome
 
 if TYPE_CHECKING:
     from qpid_flow.config import RouterConfig
     from qpid_flow.control import RouterControl
     from qpid_flow.destination import Destination
-    from qpid_flow.model import Consumer, Message, Settlement
+    from qpid_flow.model import Consumer
 
 log = structlog.get_logger("qpid_flow.groups")
 
@@ -81,6 +80,15 @@ class Plugin:
 
     def _group_event(self, destination: Destination, event: str, group: str, consumer: Consumer) -> None:
         hooks = self._control.hooks if self._control is not None else None
+        if event == "out_of_order":
+            log.warning(
+                "group_out_of_order",
+                address=destination.address,
+                group=group,
+                consumer=consumer.id,
+                reason="an earlier message of the group was released and is waiting again",
+            )
+            return
         if event == "assigned":
             log.debug("group_assigned", address=destination.address, group=group, consumer=consumer.id)
             if hooks is not None:
@@ -98,25 +106,6 @@ class Plugin:
         # A free group goes to the consumer owning the fewest groups, then the one with most
         # credit: groups spread over consumers instead of piling on the first.
         return min(consumers, key=lambda c: (queue.owned_by(c), -c.credit))
-
-    @hookimpl
-    def qpid_flow_message_settled(
-        self, destination: Destination, message: Message, consumer: Consumer | None, settlement: Settlement
-    ) -> None:
-        queue = destination.queue
-        if (
-            consumer is not None
-            and settlement.outcome is Outcome.ACCEPTED
-            and isinstance(queue, GroupedQueue)
-            and queue.accepted_out_of_order(message)
-        ):
-            log.warning(
-                "group_out_of_order",
-                address=destination.address,
-                group=queue.group_of(message),
-                consumer=consumer.id,
-                reason="an earlier message of the group was released and is waiting again",
-            )
 
     def _sweep_leases(self) -> None:
         control = self._control

@@ -202,3 +202,20 @@ def test_memory_returns_to_where_it_was_after_groups_drain() -> None:
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert after - before < 50_000, f"{after - before} bytes left behind by 100,000 groups"
+
+
+def test_accepting_past_a_released_message_is_reported_as_out_of_order() -> None:
+    events: list[tuple[str, str]] = []
+    hooks = Hooks(build_plugin_manager())
+    dest = Destination("q", DestinationPolicy(pattern="q"), hooks)
+    dest.replace_queue(GroupedQueue(None, hooks.consumer_select, on_event=lambda e, g, c: events.append((e, g))))
+    wire = Wire()
+    for i in (1, 2):
+        dest.enqueue(msg(f"A-{i}", "A"))
+    consumer = add(dest, wire, 2)
+    a1, a2 = (m for _, m in wire.sent)
+    consumer.credit = 0
+    dest.settle(consumer, a1, Settlement.released())
+    dest.settle(consumer, a2, Settlement.accepted())
+    assert ("out_of_order", "A") in events
+    assert events[-1] == ("settled", "A"), "then the group is free"
