@@ -51,7 +51,6 @@ class _Entry:
     """What the plugin keeps per destination."""
 
     state: FlowState
-    last_depth: int = 0
     starved: bool = False  # a producer got less credit than it wanted: re-ask when depth falls
     wake_pending: bool = False
     deadlines: dict[int, float] = field(default_factory=dict)  # reject_after: message sequence -> deadline
@@ -112,13 +111,13 @@ class Plugin:
     @hookimpl
     def qpid_flow_depth_changed(self, destination: Destination) -> None:
         entry = self._entry(destination)
-        depth = destination.depth
-        transition = entry.state.update(depth, destination.bytes, self._clock())
+        transition = entry.state.update(destination.depth, destination.bytes, self._clock())
         if transition is not None:
             self._transitioned(destination, entry, transition)
-        elif entry.starved and depth < entry.last_depth:
+        elif entry.starved:
+            # A producer got less credit than it asked for: the room, or what we know of
+            # message sizes, has changed since; ask again for everyone (once per turn).
             self._wake_soon(destination.address)
-        entry.last_depth = depth
 
     def _transitioned(self, destination: Destination, entry: _Entry, transition: FlowTransition | None) -> None:
         if transition is None:

@@ -1,0 +1,823 @@
+"""The scenarios of the benchmark suite (bench/run.py). Not a test.
+
+Each scenario runs its compared paths in the same run, alternating within each round,
+and returns ``{"runs": {path: [run, ...]}, "summary": ..., "targets": [...], "table": [...]}``
+where ``table`` is the printed summary. A run that fails is recorded as ``{"error": ...}``
+and the scenario carries on; everything a run starts is stopped when it ends.
+
+Rates are messages per second of wall time; ``cpu_us`` is the CPU time (utime + stime from
+/proc/PID/stat) the intermediary (qpid-flow or the minimal relay) used during the run,
+in microseconds per message; ``broker_cpu_us`` the same for RabbitMQ's Erlang VM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pstats
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import (
+    BENCH,
+    PYTHON,
+    BenchError,
+    CpuMeter,
+    Processes,
+    Server,
+    Spread,
+    client_result,
+    median_of,
+    peak_rss_bytes,
+    percentile,
+    print_table,
+    rss_bytes,
+    run_pyclient,
+    spread_fmt,
+    start_minimal_relay,
+    start_qpid_flow,
+    summarise,
+    verdict,
+)
+
+from tests.integration.harness.cexamples import ProtonCExamples, build_examples
+from tests.integration.harness.rabbitmq import RabbitMQBroker
+
+RUN_TIMEOUT = 180.0  # seconds: no single run of any scenario may take longer
+
+IDLE_FLOW_CONFIG = """\
+[destinations."bench.>"]
+max_count = 10000000
+flow_stop_count = 9000000
+flow_resume_count = 8000000
+"""
+
+GROUPS_CONFIG = """\
+[destinations."bench-groups.>"]
+shared_groups = true
+"""
+
+
+@dataclass
+class Context:
+    """What the scenarios share: sizes, the C clients, the broker (started on first use)."""
+
+    workdir: Path
+    rounds: int
+    quick: bool
+    size_factor: float
+    connections: int
+    log: Callable[[str], None] = print
+    examples: ProtonCExamples | None = None
+    broker: RabbitMQBroker | None = None
+    broker_error: str | None = None
+    previous: dict[str, Any] = field(default_factory=dict)  # results of earlier scenarios
+
+    def count(self, default: int, quick: int) -> int:
+        return max(100, int((quick if self.quick else default) * self.size_factor))
+
+    def c_examples(self) -> ProtonCExamples:
+        if self.examples is None:
+            self.examples = build_examples(BENCH / "results" / "c-examples")
+        return self.examples
+
+    def broker_url(self) -> str:
+        """RabbitMQ's URL, starting the private broker the first time."""
+        if self.broker_error:
+            raise BenchError(self.broker_error)
+        if self.broker is None:
+            self.log("starting RabbitMQ ...")
+            t0 = time.monotonic()
+            broker = RabbitMQBroker(start_timeout=120)
+            self.broker = broker
+            try:
+                broker.start()
+            except Exception as exc:
+                self.broker_error = f"RabbitMQ did not start: {exc}"
+                raise BenchError(self.broker_error) from exc
+            self.log(f"RabbitMQ up on port {broker.port} in {time.monotonic() - t0:.1f} s")
+        return self.broker.url
+
+    def broker_pid(self) -> int | None:
+        return self.broker.pid if self.broker is not None else None
+
+    def stop_broker(self) -> None:
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+
+
+def address(prefix: str) -> str:
+    return f"{prefix}.{uuid.uuid4().hex[:8]}"
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+# --- one run of each kind ----------------------------------------------------------------
+
+
+def run_c_clients(
+    ctx: Context, procs: Processes, port: int, addr: str, count: int, server_pid: int | None, *, broker: bool = False
+) -> dict[str, Any]:
+    """The Proton C send and receive examples, concurrently, at-least-once, against
+    127.0.0.1:port. Rates from the start of both to the sender's last acknowledgement
+    (``send_rate``) and to the receiver's last message (``rate``)."""
+    examples = ctx.c_examples()
+    meter = CpuMeter(server=server_pid, broker=ctx.broker_pid() if broker else None).start()
+    t0 = time.perf_counter()
+    receiver = procs.start(
+        "c-receive", [str(examples.receive), "127.0.0.1", str(port), addr, str(count)], stdout_to_log=False
+    )
+    sender = procs.start("c-send", [str(examples.send), "127.0.0.1", str(port), addr, str(count)])
+    send_code = sender.wait(RUN_TIMEOUT)
+    sent_at = time.perf_counter()
+    receive_code = receiver.wait(max(10.0, RUN_TIMEOUT - (sent_at - t0)))
+    done = time.perf_counter()
+    cpu = meter.stop()
+    if send_code or receive_code:
+        raise BenchError(
+            f"C clients failed (send {send_code}, receive {receive_code})\n{sender.tail()}\n{receiver.tail()}"
+        )
+    return run_figures(count, t0, sent_at, done, cpu)
+
+
+def run_figures(count: int, t0: float, sent_at: float, done: float, cpu: dict[str, float]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "messages": count,
+        "seconds": done - t0,
+        "send_rate": count / (sent_at - t0),
+        "rate": count / (done - t0),
+    }
+    if "server" in cpu:
+        out["cpu_us"] = 1e6 * cpu["server"] / count
+        out["server_cpu_share"] = cpu["server"] / (done - t0)
+    if "broker" in cpu:
+        out["broker_cpu_us"] = 1e6 * cpu["broker"] / count
+    return out
+
+
+def run_py_clients(
+    ctx: Context,
+    procs: Processes,
+    url: str,
+    addr: str,
+    count: int,
+    server_pid: int | None,
+    *,
+    groups: int = 0,
+    c_receiver_port: int | None = None,
+    broker: bool = False,
+) -> dict[str, Any]:
+    """The Python Proton producer and consumer (bench/pyclients.py, each in its own
+    process), concurrently; with ``c_receiver_port`` the consumer is the C receive example."""
+    meter = CpuMeter(server=server_pid, broker=ctx.broker_pid() if broker else None).start()
+    t0 = time.perf_counter()
+    consumer = None
+    c_receiver = None
+    if c_receiver_port is None:
+        consumer = run_pyclient(procs, "py-consume", ["consume", url, addr, str(count), "--timeout", str(RUN_TIMEOUT)])
+    else:
+        examples = ctx.c_examples()
+        c_receiver = procs.start(
+            "c-receive",
+            [str(examples.receive), "127.0.0.1", str(c_receiver_port), addr, str(count)],
+            stdout_to_log=False,
+        )
+    producer_args = ["produce", url, addr, str(count), "--timeout", str(RUN_TIMEOUT)]
+    if groups:
+        producer_args += ["--groups", str(groups)]
+    producer = run_pyclient(procs, "py-produce", producer_args)
+    produced = client_result(producer, RUN_TIMEOUT + 30)
+    if consumer is not None:
+        last = client_result(consumer, RUN_TIMEOUT + 30)["last"]
+    else:
+        assert c_receiver is not None
+        if c_receiver.wait(RUN_TIMEOUT):
+            raise BenchError(f"C receive failed\n{c_receiver.tail()}")
+        last = time.time()
+    done = time.perf_counter()
+    cpu = meter.stop()
+    out = run_figures(count, t0, done, done, cpu)
+    # Client start-up (interpreter, imports, building the messages) is not the path under
+    # test: rates count from the producer's first transfer (time.time() in both processes).
+    first = produced["first"]
+    out["send_rate"] = count / (produced["last"] - first)
+    out["rate"] = count / (max(last, produced["last"]) - first)
+    out["seconds"] = max(last, produced["last"]) - first
+    return out
+
+
+def latency_run(
+    procs: Processes, url: str, addr: str, count: int, rate: float, server_pid: int | None
+) -> dict[str, Any]:
+    meter = CpuMeter(server=server_pid).start()
+    consumer = run_pyclient(
+        procs, "py-consume", ["consume", url, addr, str(count), "--latency", "--timeout", str(RUN_TIMEOUT)]
+    )
+    producer = run_pyclient(
+        procs, "py-produce", ["produce", url, addr, str(count), "--rate", str(rate), "--timeout", str(RUN_TIMEOUT)]
+    )
+    produced = client_result(producer, RUN_TIMEOUT + 30)
+    consumed = client_result(consumer, RUN_TIMEOUT + 30)
+    cpu = meter.stop()
+    latencies = consumed["latencies_ms"]
+    warmup = max(100, len(latencies) // 50)  # connection set-up and the first credit grants
+    steady = latencies[warmup:] or latencies
+    out = {
+        "messages": count,
+        "target_rate": rate,
+        "send_rate": count / (produced["last"] - produced["first"]),
+        "p50_ms": percentile(steady, 50),
+        "p90_ms": percentile(steady, 90),
+        "p99_ms": percentile(steady, 99),
+        "max_ms": max(steady),
+        "warmup_discarded": min(warmup, len(latencies)),
+    }
+    if "server" in cpu:
+        out["cpu_us"] = 1e6 * cpu["server"] / count
+    return out
+
+
+def guarded(ctx: Context, label: str, fn: Callable[[Processes], dict[str, Any]]) -> dict[str, Any]:
+    """Run one measurement with its own process set, stopped whatever happens."""
+    procs = Processes(ctx.workdir)
+    load = load_average()
+    try:
+        result = fn(procs)
+    except BenchError as exc:
+        result = {"error": str(exc).splitlines()[0]}
+        ctx.log(f"  {label}: FAILED: {exc}")
+    finally:
+        procs.close()
+    result["load_before"] = round(load, 2)
+    if "error" not in result:
+        ctx.log(f"  {label}: " + ", ".join(f"{k} {_short(v)}" for k, v in result.items() if k != "messages"))
+    return result
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}"
+    return str(v)
+
+
+def rounds_of(ctx: Context, paths: dict[str, Callable[[Processes], dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Every path once per round, the order rotating from round to round."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+    names = list(paths)
+    for r in range(ctx.rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(guarded(ctx, f"round {r + 1} {name}", paths[name]))
+    return runs
+
+
+def ratio_per_round(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]], key: str) -> list[float]:
+    out = []
+    for a, b in zip(runs_a, runs_b, strict=False):
+        if key in a and key in b and b[key]:
+            out.append(a[key] / b[key])
+    return out
+
+
+def ratio_of_medians(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]], key: str) -> float | None:
+    a, b = median_of(runs_a, key), median_of(runs_b, key)
+    return None if a is None or not b else a / b
+
+
+def rate_table(
+    runs: dict[str, list[dict[str, Any]]], labels: dict[str, str], baseline: str | None = None
+) -> list[list[str]]:
+    rows = []
+    for name, path_runs in runs.items():
+        ok = [r for r in path_runs if "error" not in r]
+        ratio = ""
+        if baseline is not None and baseline in runs:
+            rm = ratio_of_medians(path_runs, runs[baseline], "rate")
+            ratio = "n/a" if rm is None else f"{rm:.2f}"
+        rows.append(
+            [
+                labels.get(name, name),
+                spread_fmt(r["rate"] for r in ok),
+                spread_fmt(r.get("send_rate") for r in ok),
+                spread_fmt((r.get("cpu_us") for r in ok), 1),
+                spread_fmt((r.get("broker_cpu_us") for r in ok), 1),
+                *([ratio] if baseline is not None else []),
+                f"{len(ok)}/{len(path_runs)}",
+            ]
+        )
+    return rows
+
+
+def capture_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    lines: list[str] = []
+    print_table(headers, rows, lines.append)
+    return lines
+
+
+RATE_HEADERS = ["path", "msg/s end-to-end", "msg/s producer", "CPU us/msg", "broker CPU us/msg"]
+
+
+# --- 1. transparent ------------------------------------------------------------------------
+
+
+def transparent(ctx: Context) -> dict[str, Any]:
+    count = ctx.count(20_000, 5_000)
+    broker_url = ctx.broker_url()
+    broker = ctx.broker
+    assert broker is not None
+
+    def direct(procs: Processes) -> dict[str, Any]:
+        return run_py_clients(ctx, procs, broker_url, address("bench-transparent"), count, None, broker=True)
+
+    def through(procs: Processes) -> dict[str, Any]:
+        server = start_qpid_flow(procs, broker_url=broker_url)
+        return run_py_clients(ctx, procs, server.url, address("bench-transparent"), count, server.pid, broker=True)
+
+    runs = rounds_of(ctx, {"direct": direct, "through": through})
+    ratios = ratio_per_round(runs["through"], runs["direct"], "rate")
+    ratio = ratio_of_medians(runs["through"], runs["direct"], "rate")
+    labels = {"direct": "Python clients -> RabbitMQ", "through": "Python clients -> qpid-flow -> RabbitMQ"}
+    table = [
+        f"1. transparent: 1 Python Proton producer + 1 consumer, {count:,} x 100-byte messages, at-least-once, "
+        f"{ctx.rounds} rounds (median (min-max))",
+        *capture_table([*RATE_HEADERS, "runs"], rate_table(runs, labels)),
+        f"ratio through/direct (end-to-end rate): {_fmt(ratio, 2)}  per round: {spread_fmt(ratios, 2)}",
+    ]
+    targets = [
+        {"target": "transparent: through/direct >= 0.95", "value": ratio, "verdict": verdict(ratio, 0.95)},
+    ]
+    return {
+        "messages": count,
+        "runs": runs,
+        "summary": _summary(runs),
+        "ratio": ratio,
+        "targets": targets,
+        "table": table,
+    }
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    return "n/a" if v is None else f"{v:,.{digits}f}"
+
+
+def _summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    keys = ["rate", "send_rate", "cpu_us", "broker_cpu_us", "p50_ms", "p90_ms", "p99_ms", "max_ms"]
+    return {name: summarise(path_runs, keys) for name, path_runs in runs.items()}
+
+
+# --- 2. saturated --------------------------------------------------------------------------
+
+
+def saturated(ctx: Context) -> dict[str, Any]:
+    count = ctx.count(50_000, 15_000)
+    paths: dict[str, Callable[[Processes], dict[str, Any]]] = {}
+
+    def qf_standalone(procs: Processes) -> dict[str, Any]:
+        server = start_qpid_flow(procs)
+        return run_c_clients(ctx, procs, server.port, address("bench-saturated"), count, server.pid)
+
+    def relay(procs: Processes) -> dict[str, Any]:
+        server = start_minimal_relay(procs)
+        return run_c_clients(ctx, procs, server.port, address("bench-saturated"), count, server.pid)
+
+    paths["a_qpid_flow"] = qf_standalone
+    paths["b_minimal_relay"] = relay
+    try:
+        broker_url = ctx.broker_url()
+        broker_port = ctx.broker.port if ctx.broker else 0
+
+        def direct(procs: Processes) -> dict[str, Any]:
+            return run_c_clients(ctx, procs, broker_port, address("bench-saturated"), count, None, broker=True)
+
+        def through(procs: Processes) -> dict[str, Any]:
+            server = start_qpid_flow(procs, broker_url=broker_url)
+            return run_c_clients(ctx, procs, server.port, address("bench-saturated"), count, server.pid, broker=True)
+
+        paths["c_rabbitmq"] = direct
+        paths["d_qpid_flow_rabbitmq"] = through
+    except BenchError as exc:
+        ctx.log(f"  (c) and (d) skipped: {exc}")
+    runs = rounds_of(ctx, paths)
+    labels = {
+        "a_qpid_flow": "(a) C clients -> qpid-flow standalone",
+        "b_minimal_relay": "(b) C clients -> minimal relay",
+        "c_rabbitmq": "(c) C clients -> RabbitMQ",
+        "d_qpid_flow_rabbitmq": "(d) C clients -> qpid-flow -> RabbitMQ",
+    }
+    vs_relay = ratio_of_medians(runs["a_qpid_flow"], runs["b_minimal_relay"], "rate")
+    vs_relay_rounds = ratio_per_round(runs["a_qpid_flow"], runs["b_minimal_relay"], "rate")
+    cpu_vs_relay = ratio_of_medians(runs["a_qpid_flow"], runs["b_minimal_relay"], "cpu_us")
+    standalone = median_of(runs["a_qpid_flow"], "rate")
+    table = [
+        f"2. saturated: Proton C send + receive examples, concurrently, {count:,} messages (~30-byte bodies), "
+        f"at-least-once, {ctx.rounds} rounds",
+        *capture_table([*RATE_HEADERS, "runs"], rate_table(runs, labels)),
+        f"qpid-flow standalone / minimal relay (rate): {_fmt(vs_relay, 2)}  per round: {spread_fmt(vs_relay_rounds, 2)}"
+        f"  CPU per message qpid-flow / relay: {_fmt(cpu_vs_relay, 2)}",
+    ]
+    if "d_qpid_flow_rabbitmq" in runs:
+        through = ratio_of_medians(runs["d_qpid_flow_rabbitmq"], runs["c_rabbitmq"], "rate")
+        table.append(f"(d)/(c) through qpid-flow / direct to RabbitMQ (rate): {_fmt(through, 2)}")
+    targets = [
+        {
+            "target": "saturated: qpid-flow standalone >= 0.9 x minimal relay",
+            "value": vs_relay,
+            "verdict": verdict(vs_relay, 0.9),
+        },
+        {
+            "target": "saturated: qpid-flow standalone >= 10,000 msg/s",
+            "value": standalone,
+            "verdict": verdict(standalone, 10_000),
+        },
+    ]
+    return {
+        "messages": count,
+        "runs": runs,
+        "summary": _summary(runs),
+        "ratio_vs_relay": vs_relay,
+        "targets": targets,
+        "table": table,
+    }
+
+
+# --- 3. latency ------------------------------------------------------------------------------
+
+
+def latency(ctx: Context) -> dict[str, Any]:
+    broker_url = ctx.broker_url()
+    rate, why = latency_rate(ctx)
+    seconds = 4 if ctx.quick else 10
+    count = max(500, int(rate * seconds * ctx.size_factor))
+    ctx.log(f"  paced at {rate:,.0f} msg/s ({why}), {count:,} messages per run")
+
+    def direct(procs: Processes) -> dict[str, Any]:
+        return latency_run(procs, broker_url, address("bench-latency"), count, rate, None)
+
+    def through(procs: Processes) -> dict[str, Any]:
+        server = start_qpid_flow(procs, broker_url=broker_url)
+        return latency_run(procs, server.url, address("bench-latency"), count, rate, server.pid)
+
+    runs = rounds_of(ctx, {"direct": direct, "through": through})
+    added = {}
+    for p in ("p50_ms", "p90_ms", "p99_ms"):
+        added[p] = ratio_free_diff(runs["through"], runs["direct"], p)
+    rows = []
+    labels = {"direct": "Python producer -> RabbitMQ -> consumer", "through": "... through qpid-flow"}
+    for name, path_runs in runs.items():
+        ok = [r for r in path_runs if "error" not in r]
+        rows.append(
+            [
+                labels[name],
+                spread_fmt(r["send_rate"] for r in ok),
+                spread_fmt((r["p50_ms"] for r in ok), 2),
+                spread_fmt((r["p90_ms"] for r in ok), 2),
+                spread_fmt((r["p99_ms"] for r in ok), 2),
+                spread_fmt((r["max_ms"] for r in ok), 1),
+                spread_fmt((r.get("cpu_us") for r in ok), 1),
+                f"{len(ok)}/{len(path_runs)}",
+            ]
+        )
+    table = [
+        f"3. latency: enqueue-to-delivery, Python producer paced at {rate:,.0f} msg/s ({why}), {count:,} messages, "
+        f"{ctx.rounds} rounds",
+        *capture_table(["path", "sent msg/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "CPU us/msg", "runs"], rows),
+        "added by qpid-flow (through - direct, per round, median (min-max)): "
+        + ", ".join(f"{p[:3]} {spread_fmt(added[p], 2, ' ms')}" for p in added),
+    ]
+    p50 = Spread.of(added["p50_ms"])
+    p99 = Spread.of(added["p99_ms"])
+    targets = [
+        {
+            "target": "latency: added p50 <= 1 ms",
+            "value": p50.median if p50 else None,
+            "verdict": verdict(p50.median if p50 else None, 1.0, higher_is_better=False),
+        },
+        {
+            "target": "latency: added p99 <= 5 ms",
+            "value": p99.median if p99 else None,
+            "verdict": verdict(p99.median if p99 else None, 5.0, higher_is_better=False),
+        },
+    ]
+    return {
+        "messages": count,
+        "rate": rate,
+        "rate_from": why,
+        "runs": runs,
+        "summary": _summary(runs),
+        "added_ms": added,
+        "targets": targets,
+        "table": table,
+    }
+
+
+def ratio_free_diff(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]], key: str) -> list[float]:
+    return [a[key] - b[key] for a, b in zip(runs_a, runs_b, strict=False) if key in a and key in b]
+
+
+def latency_rate(ctx: Context) -> tuple[float, str]:
+    """Half of the saturated rate through qpid-flow in front of RabbitMQ (2d), when that
+    was measured in this run; capped at 80 % of what the Python clients sustained through
+    qpid-flow (scenario 1), so that the paced producer is not itself the bottleneck."""
+    saturated_runs = ctx.previous.get("saturated", {}).get("runs", {})
+    sat = median_of(saturated_runs.get("d_qpid_flow_rabbitmq", []), "rate")
+    if sat is None:
+        sat = median_of(saturated_runs.get("a_qpid_flow", []), "rate")
+    rate, why = (sat / 2, "half the saturated rate of 2(d)") if sat else (2000.0, "default: 2(d) not measured")
+    py_rates = [
+        median_of(ctx.previous.get("transparent", {}).get("runs", {}).get(p, []), "rate") for p in ("direct", "through")
+    ]
+    py = min((r for r in py_rates if r), default=None)
+    if py and rate > 0.8 * py:
+        half = f"; half of 2(d) is {sat / 2:,.0f}" if sat else ""
+        rate, why = 0.8 * py, f"capped at 80% of the Python clients' rate in scenario 1{half}"
+    return round(rate, -1), why
+
+
+# --- 4. policies -----------------------------------------------------------------------------
+
+
+def policies(ctx: Context) -> dict[str, Any]:
+    count = ctx.count(50_000, 15_000)
+    py_count = ctx.count(20_000, 5_000)
+    groups = 1000
+
+    def c_run(config: str | None = None, events: bool = False) -> Callable[[Processes], dict[str, Any]]:
+        def run(procs: Processes) -> dict[str, Any]:
+            events_path = procs.workdir / f"events-{uuid.uuid4().hex[:6]}.jsonl" if events else None
+            server = start_qpid_flow(procs, config=config, events=events_path)
+            out = run_c_clients(ctx, procs, server.port, address("bench"), count, server.pid)
+            if events_path is not None:
+                out["events_bytes"] = sum(p.stat().st_size for p in procs.workdir.glob(events_path.name + "*"))
+                with contextlib.suppress(OSError):
+                    for p in procs.workdir.glob(events_path.name + "*"):
+                        p.unlink()
+            return out
+
+        return run
+
+    def py_run(group_count: int) -> Callable[[Processes], dict[str, Any]]:
+        def run(procs: Processes) -> dict[str, Any]:
+            server = start_qpid_flow(procs, config=GROUPS_CONFIG)
+            prefix = "bench-groups" if group_count else "bench-plain"
+            return run_py_clients(
+                ctx,
+                procs,
+                server.url,
+                address(prefix),
+                py_count,
+                server.pid,
+                groups=group_count,
+                c_receiver_port=server.port,
+            )
+
+        return run
+
+    paths = {
+        "c_baseline": c_run(),
+        "c_flow_idle": c_run(IDLE_FLOW_CONFIG),
+        "c_events": c_run(events=True),
+        "py_no_groups": py_run(0),
+        "py_groups": py_run(groups),
+    }
+    runs = rounds_of(ctx, paths)
+    labels = {
+        "c_baseline": "C clients, qpid-flow standalone, no policy (= 2a)",
+        "c_flow_idle": "... + flow control configured, not triggered",
+        "c_events": "... + event log on (--events)",
+        "py_no_groups": f"Python producer -> C receive, no groups ({py_count:,} msgs)",
+        "py_groups": f"... group_id round robin over {groups:,} groups (shared_groups)",
+    }
+    c_runs = {k: runs[k] for k in ("c_baseline", "c_flow_idle", "c_events")}
+    py_runs = {k: runs[k] for k in ("py_no_groups", "py_groups")}
+    headers = [*RATE_HEADERS, "rate / baseline", "runs"]
+    table = [
+        f"4. policies: qpid-flow standalone, {ctx.rounds} rounds; C rows {count:,} messages, Python rows {py_count:,}",
+        *capture_table(headers, rate_table(c_runs, labels, "c_baseline") + rate_table(py_runs, labels, "py_no_groups")),
+    ]
+    cpu_notes = []
+    for name, base in (("c_flow_idle", "c_baseline"), ("c_events", "c_baseline"), ("py_groups", "py_no_groups")):
+        r = ratio_of_medians(runs[name], runs[base], "cpu_us")
+        cpu_notes.append(f"{name} {_fmt(r, 2)}")
+    table.append("CPU per message relative to its baseline: " + ", ".join(cpu_notes))
+    return {
+        "messages": count,
+        "python_messages": py_count,
+        "groups": groups,
+        "runs": runs,
+        "summary": _summary(runs),
+        "targets": [],
+        "table": table,
+    }
+
+
+# --- 5. scale ---------------------------------------------------------------------------------
+
+
+def scale(ctx: Context) -> dict[str, Any]:
+    connections = ctx.connections
+    per_connection = 10
+
+    def many_connections(procs: Processes) -> dict[str, Any]:
+        server = start_qpid_flow(procs)
+        addr = address("bench-scale")
+        # A consumer drains the address while the producers send. Without one, qpid-flow
+        # (default flow thresholds on every destination) gives a fresh destination one
+        # credit until the first message's size is known, and re-asks for the producers it
+        # starved only when the depth falls: the other 999 producers would wait forever.
+        receiver = procs.start(
+            "c-receive",
+            [str(ctx.c_examples().receive), "127.0.0.1", str(server.port), addr, str(connections * per_connection)],
+            stdout_to_log=False,
+        )
+        time.sleep(0.5)
+        rss_idle = rss_bytes(server.pid)
+        meter = CpuMeter(server=server.pid).start()
+        client = procs.start(
+            "scale-client",
+            [
+                PYTHON,
+                str(BENCH / "scale_client.py"),
+                server.url,
+                addr,
+                str(connections),
+                str(per_connection),
+                "--timeout",
+                str(RUN_TIMEOUT),
+            ],
+            capture=True,
+        )
+        result = _scale_result(client, server)
+        if receiver.wait(30):
+            raise BenchError(f"C receive failed\n{receiver.tail()}")
+        cpu = meter.stop()
+        result["rss_idle_mib"] = rss_idle / 2**20
+        result["cpu_us"] = 1e6 * cpu.get("server", 0.0) / max(1, result["messages"])
+        result["rss_per_connection_kib"] = (result["rss_connected_mib"] - result["rss_idle_mib"]) * 1024 / connections
+        return result
+
+    conn_runs = [guarded(ctx, f"run {r + 1} {connections} connections", many_connections) for r in range(ctx.rounds)]
+    ok = [r for r in conn_runs if "error" not in r]
+    table = [
+        f"5. scale: {connections:,} connections from one Python process, one producer link each, "
+        f"{per_connection} messages each (a C receiver drains them), qpid-flow standalone, {len(conn_runs)} runs",
+        *capture_table(
+            ["metric", "median (min-max)"],
+            [
+                ["connect (all links attached), s", spread_fmt((r["connect_s"] for r in ok), 2)],
+                ["connections/s", spread_fmt(r["connect_rate"] for r in ok)],
+                ["send rate, msg/s (all accepted)", spread_fmt(r["rate"] for r in ok)],
+                ["qpid-flow RSS idle, MiB", spread_fmt((r["rss_idle_mib"] for r in ok), 1)],
+                ["qpid-flow RSS connected, MiB", spread_fmt((r["rss_connected_mib"] for r in ok), 1)],
+                ["qpid-flow RSS after sending, MiB", spread_fmt((r["rss_after_mib"] for r in ok), 1)],
+                ["RSS per connection, KiB", spread_fmt((r["rss_per_connection_kib"] for r in ok), 1)],
+                ["qpid-flow CPU us/msg (connect+send)", spread_fmt((r["cpu_us"] for r in ok), 1)],
+            ],
+        ),
+        f"runs ok: {len(ok)}/{len(conn_runs)}" + (f"; error: {conn_runs[0]['error']}" if not ok else ""),
+    ]
+    groups_result = guarded(ctx, "bench/groups.py", lambda procs: run_groups_script(ctx, procs))
+    if "error" not in groups_result:
+        table += ["", "100,000 groups (bench/groups.py, in process):", *groups_result.pop("lines")]
+    else:
+        table += ["", f"bench/groups.py failed: {groups_result['error']}"]
+    return {
+        "connections": connections,
+        "per_connection": per_connection,
+        "runs": {"connections": conn_runs},
+        "summary": {
+            "connections": summarise(
+                conn_runs,
+                [
+                    "connect_s",
+                    "connect_rate",
+                    "rate",
+                    "rss_connected_mib",
+                    "rss_after_mib",
+                    "rss_per_connection_kib",
+                    "cpu_us",
+                ],
+            )
+        },
+        "groups": groups_result,
+        "targets": [],
+        "table": table,
+    }
+
+
+def _scale_result(client: Any, server: Server) -> dict[str, Any]:
+    """Follow the scale client's progress lines and sample qpid-flow's RSS at each stage."""
+    assert client.popen.stdout is not None
+    deadline = time.monotonic() + RUN_TIMEOUT + 30
+    result: dict[str, Any] = {}
+    rss: dict[str, float] = {}
+    for raw in client.popen.stdout:
+        line = raw.decode(errors="replace").strip()
+        if line == "connected":
+            rss["connected"] = rss_bytes(server.pid) / 2**20
+        elif line.startswith("{"):
+            result = json.loads(line)
+        if time.monotonic() > deadline:
+            break
+    client.wait(30)
+    if not result or result.get("error"):
+        raise BenchError(f"scale client: {result.get('error') if result else 'no result'}\n{client.tail()}")
+    result["rss_connected_mib"] = rss.get("connected", float("nan"))
+    result["rss_after_mib"] = rss_bytes(server.pid) / 2**20
+    result["rss_peak_mib"] = peak_rss_bytes(server.pid) / 2**20
+    return result
+
+
+def run_groups_script(ctx: Context, procs: Processes) -> dict[str, Any]:
+    out_json = procs.workdir / f"groups-{uuid.uuid4().hex[:6]}.json"
+    args = [PYTHON, str(BENCH / "groups.py"), "--json", str(out_json)]
+    if ctx.quick:
+        args += ["--messages", "50000", "--rounds", "1"]
+    proc = procs.start("groups.py", args)
+    code = proc.wait(600)
+    text = proc.log.read_text(errors="replace") if proc.log else ""
+    if code or not out_json.exists():
+        raise BenchError(f"bench/groups.py exited with code {code}\n{proc.tail()}")
+    data = json.loads(out_json.read_text())
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith("groups") and "dispatch" in line), 0)
+    data["lines"] = [line for line in lines[start:] if not line.startswith("$ ")]
+    return data
+
+
+# --- profile (opt-in) ---------------------------------------------------------------------------
+
+
+def profile(ctx: Context) -> dict[str, Any]:
+    """Scenario 2(a) once with qpid-flow under cProfile; the top functions by tottime."""
+    count = ctx.count(50_000, 15_000)
+    prof = ctx.workdir / "qpid-flow.prof"
+
+    def run(procs: Processes) -> dict[str, Any]:
+        server = start_qpid_flow(procs, profile=prof)
+        out = run_c_clients(ctx, procs, server.port, address("bench-profile"), count, server.pid)
+        server.proc.stop(signal.SIGINT, timeout=30)  # cProfile writes its file on a clean exit
+        return out
+
+    result = guarded(ctx, "2(a) under cProfile", run)
+    table = [
+        f"profile: qpid-flow standalone under cProfile, scenario 2(a), {count:,} messages "
+        f"(rate under the profiler: {_fmt(result.get('rate'))} msg/s)"
+    ]
+    if prof.exists():
+        stats = pstats.Stats(str(prof))
+        total = stats.total_tt  # type: ignore[attr-defined]
+        rows = []
+        entries = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
+        for (filename, line, func), (_cc, ncalls, tottime, cumtime, _callers) in entries[:25]:
+            where = f"{_short_path(filename)}:{line}({func})" if line else func
+            rows.append(
+                [
+                    where,
+                    f"{ncalls:,}",
+                    f"{tottime:.2f}",
+                    f"{100 * tottime / total:.1f}%",
+                    f"{cumtime:.2f}",
+                    f"{1e6 * tottime / count:.1f}",
+                ]
+            )
+        table += capture_table(["function", "calls", "tottime s", "share", "cumtime s", "us/msg"], rows)
+        table.append(f"total profiled time {total:.2f} s = {1e6 * total / count:.0f} us per message")
+        result["top"] = [
+            dict(zip(["function", "calls", "tottime", "share", "cumtime", "us_per_msg"], r, strict=True)) for r in rows
+        ]
+    else:
+        table.append("no profile written")
+    return {"messages": count, "runs": {"profile": [result]}, "targets": [], "table": table}
+
+
+def _short_path(filename: str) -> str:
+    for marker in ("site-packages/", "/work/main/", str(BENCH.parent) + "/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return Path(filename).name if "/" in filename else filename
+
+
+SCENARIOS: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "transparent": transparent,
+    "saturated": saturated,
+    "latency": latency,
+    "policies": policies,
+    "scale": scale,
+}
+OPT_IN: dict[str, Callable[[Context], dict[str, Any]]] = {"profile": profile}
+
+
+def stop_all(ctx: Context) -> None:
+    ctx.stop_broker()
+
+
+__all__ = ["OPT_IN", "SCENARIOS", "Context", "stop_all"]
