@@ -730,6 +730,7 @@ def _scale_result(client: Any, server: Server) -> dict[str, Any]:
     client.wait(30)
     if not result or result.get("error"):
         raise BenchError(f"scale client: {result.get('error') if result else 'no result'}\n{client.tail()}")
+    result.pop("error", None)
     result["rss_connected_mib"] = rss.get("connected", float("nan"))
     result["rss_after_mib"] = rss_bytes(server.pid) / 2**20
     result["rss_peak_mib"] = peak_rss_bytes(server.pid) / 2**20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cproton import pn_delivery_settle, pn_delivery_update
 from proton import Condition, Delivery
 
 from qpid_flow.model import Outcome, Settlement
@@ -43,9 +44,20 @@ def remote_settlement(delivery: Delivery) -> Settlement | None:
     )
 
 
+_PLAIN = {Outcome.ACCEPTED: Delivery.ACCEPTED, Outcome.RELEASED: Delivery.RELEASED}
+
+
 def apply_settlement(delivery: Delivery, settlement: Settlement) -> None:
     """Give ``delivery`` the outcome ``settlement`` and settle it."""
     outcome = settlement.outcome
+    plain = _PLAIN.get(outcome)
+    if plain is not None:
+        # Accepted and released carry nothing: skip Delivery.update's copying of the local
+        # disposition's data, annotations and condition (a third of its cost per message).
+        impl = delivery._impl
+        pn_delivery_update(impl, plain)
+        pn_delivery_settle(impl)
+        return
     if outcome is Outcome.REJECTED and settlement.condition:
         delivery.local.condition = Condition(settlement.condition, settlement.description)
     elif outcome is Outcome.MODIFIED:
