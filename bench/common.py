@@ -292,9 +292,12 @@ def start_qpid_flow(
     return Server(proc, port)
 
 
-def start_minimal_relay(procs: Processes) -> Server:
+def start_minimal_relay(procs: Processes, container: str = "proton") -> Server:
+    """bench/minimal_relay.py on a free port; ``container``: ``proton`` (stock reactor) or
+    ``qpid-flow`` (qpid-flow's RelayContainer)."""
     port = free_port()
-    proc = procs.start("minimal-relay", [PYTHON, str(BENCH / "minimal_relay.py"), "--listen", f"127.0.0.1:{port}"])
+    argv = [PYTHON, str(BENCH / "minimal_relay.py"), "--listen", f"127.0.0.1:{port}", "--container", container]
+    proc = procs.start("minimal-relay", argv)
     wait_for_log(proc, "listening", 30)
     return Server(proc, port)
 

@@ -11,9 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from cproton import (
+    PN_DELIVERY,
+    PN_TRANSPORT,
+    addressof,
+    isnull,
+    pn_collector_peek,
+    pn_collector_pop,
+    pn_delivery_link,
+    pn_event_delivery,
+    pn_event_transport,
+    pn_event_type,
+    pn_link_session,
+    pn_session_connection,
+)
+from proton import Delivery, Transport
 from proton.handlers import IOHandler
+from proton.reactor import Container
 
-__all__ = ["BatchingIOHandler"]
+__all__ = ["BatchingIOHandler", "RelayContainer"]
 
 
 class BatchingIOHandler(IOHandler):
@@ -23,7 +39,13 @@ class BatchingIOHandler(IOHandler):
 
     def on_transport(self, event: Any) -> None:
         transport = event.transport
-        self._dirty[id(transport._impl)] = transport
+        self._dirty[addressof(transport._impl)] = transport
+
+    def mark_dirty(self, transport_impl: Any) -> None:
+        """The same, from a raw transport pointer (wrapped once per turn at most)."""
+        key = addressof(transport_impl)
+        if key not in self._dirty:
+            self._dirty[key] = Transport.wrap(transport_impl)
 
     def on_reactor_quiesced(self, event: Any) -> None:
         if self._dirty:
@@ -35,3 +57,65 @@ class BatchingIOHandler(IOHandler):
                     self.update(transport, selectable, transport._reactor.now)
             # The updates posted events: let the reactor handle them, then quiesce again.
         super().on_reactor_quiesced(event)
+
+
+class _DeliveryEvent:
+    """What a delivery handler reads from its event: the delivery, nothing else."""
+
+    __slots__ = ("delivery",)
+
+    def __init__(self, delivery: Delivery) -> None:
+        self.delivery = delivery
+
+
+class RelayContainer(Container):
+    """A Proton container whose two most frequent events take a short path.
+
+    Every message relayed makes several ``PN_DELIVERY`` and ``PN_TRANSPORT`` events. The
+    generic path wraps each in a Python ``Event`` (and its context objects), resolves its
+    handler through link, session and connection, and offers it to the global I/O handler
+    too. Here a ``PN_DELIVERY`` goes straight to the handler of its connection (the broker
+    connection's handler, or the container's handler for client connections) and a
+    ``PN_TRANSPORT`` only marks its transport for the batched I/O update. Every other
+    event goes the generic way.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._io = BatchingIOHandler()
+        super().__init__(*args, global_handler=self._io, **kwargs)
+        # Connection (C pointer address) -> its handler, for connections that have their own.
+        self._connection_handlers: dict[int, Any] = {}
+
+    def connect(self, *args: Any, **kwargs: Any) -> Any:
+        connection = super().connect(*args, **kwargs)
+        handler = kwargs.get("handler")
+        if handler is not None:
+            self._connection_handlers[addressof(connection._impl)] = handler
+        return connection
+
+    def process(self) -> bool:
+        self.mark()
+        collector = self._collector._impl
+        handlers = self._connection_handlers
+        default: Any = self._handler
+        mark_dirty = self._io.mark_dirty
+        while True:
+            if self._yield:  # type: ignore[has-type]
+                break
+            raw = pn_collector_peek(collector)
+            if raw is None or isnull(raw):
+                return super().process()
+            kind = pn_event_type(raw)
+            if kind == PN_DELIVERY:
+                delivery_impl = pn_event_delivery(raw)
+                connection = pn_session_connection(pn_link_session(pn_delivery_link(delivery_impl)))
+                handler = handlers.get(addressof(connection), default)
+                handler.on_delivery(_DeliveryEvent(Delivery.wrap(delivery_impl)))
+            elif kind == PN_TRANSPORT:
+                mark_dirty(pn_event_transport(raw))
+            else:
+                return super().process()
+            self._previous = kind
+            pn_collector_pop(collector)
+        self._yield = False
+        return True

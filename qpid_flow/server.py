@@ -23,7 +23,7 @@ from qpid_flow.backend import Backend
 from qpid_flow.bridge import ReactorBridge
 from qpid_flow.config import RouterConfig
 from qpid_flow.control import RouterControl
-from qpid_flow.io import BatchingIOHandler
+from qpid_flow.io import RelayContainer
 from qpid_flow.manager import Hooks, build_plugin_manager
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.operations import Operations
@@ -51,9 +51,7 @@ class Server(Handler):
             plugins.unregister(name="events")  # no event log: no per-message calls for it
         # Bound after configuration: a notification nobody implements costs nothing.
         self.hooks = Hooks(plugins)
-        self.container = Container(
-            container_id=f"qpid-flow-{socket.gethostname()}-{os.getpid()}", global_handler=BatchingIOHandler()
-        )
+        self.container = RelayContainer(container_id=f"qpid-flow-{socket.gethostname()}-{os.getpid()}")
         self.memory = MemoryMeter(config.memory_limit)
         self.destinations = Destinations(config, self.hooks, self.memory)
         self.router = Router(config, self.hooks, self.destinations, StandaloneBackend(), self.memory)
