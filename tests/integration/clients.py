@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,12 @@ from proton import Delivery, Handler, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-__all__ = ["Consumer", "Producer", "Received", "make_message", "run_all"]
+__all__ = ["Consumer", "Producer", "Received", "make_message", "run_all", "start", "unique"]
+
+
+def unique(prefix: str) -> str:
+    """An address no other test (or earlier run against the same broker) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def make_message(producer: str, index: int, size: int = 100, group: str | None = None, **props: Any) -> Message:

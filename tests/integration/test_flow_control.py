@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import urllib.request
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -19,14 +18,10 @@ import pytest
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from .clients import Consumer, Producer, make_message, run_all, start
+from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 class Router:

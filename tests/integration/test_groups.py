@@ -14,23 +14,18 @@ import sys
 import threading
 import time
 import urllib.request
-import uuid
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from proton import Message
 
-from .clients import Producer, run_all
+from .clients import Producer, run_all, unique
 from .harness.net import free_port
 
 pytestmark = pytest.mark.integration
 
 CONSUMER = Path(__file__).with_name("group_consumer.py")
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(params=["broker", "standalone"])

@@ -9,22 +9,17 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-import uuid
 from collections import Counter
 
 import pika
 import pytest
 from proton import Message
 
-from .clients import Consumer, Producer, make_message, run_all, start
+from .clients import Consumer, Producer, make_message, run_all, start, unique
 
 pytestmark = pytest.mark.integration
 
 MODES = ["broker", "standalone"]
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(params=MODES)
