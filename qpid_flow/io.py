@@ -25,7 +25,7 @@ from cproton import (
     pn_link_session,
     pn_session_connection,
 )
-from proton import Delivery, Transport
+from proton import Delivery, Event, Transport
 from proton.handlers import IOHandler
 from proton.reactor import Container
 
@@ -101,21 +101,26 @@ class RelayContainer(Container):
         mark_dirty = self._io.mark_dirty
         while True:
             if self._yield:  # type: ignore[has-type]
-                break
+                self._yield = False
+                return True
             raw = pn_collector_peek(collector)
-            if raw is None or isnull(raw):
-                return super().process()
+            if isnull(raw):
+                # Nothing left: Proton decides whether to wait for I/O, fire timers or stop.
+                return bool(super().process())
             kind = pn_event_type(raw)
             if kind == PN_DELIVERY:
                 delivery_impl = pn_event_delivery(raw)
                 connection = pn_session_connection(pn_link_session(pn_delivery_link(delivery_impl)))
                 handler = handlers.get(addressof(connection), default)
                 handler.on_delivery(_DeliveryEvent(Delivery.wrap(delivery_impl)))
+                self._previous = None
             elif kind == PN_TRANSPORT:
                 mark_dirty(pn_event_transport(raw))
+                self._previous = None
             else:
-                return super().process()
-            self._previous = kind
+                # Any other event, one at a time, the way Proton dispatches it.
+                event = Event.wrap(raw)
+                event.dispatch(event.handler or default)
+                event.dispatch(self._global_handler)
+                self._previous = event.type
             pn_collector_pop(collector)
-        self._yield = False
-        return True

@@ -119,6 +119,12 @@ class Plugin:
             # message sizes, has changed since; ask again for everyone (once per turn).
             self._wake_soon(destination.address)
 
+    @hookimpl
+    def qpid_flow_producer_detached(self, destination: Destination | None) -> None:
+        # The credit it held is free again: whoever went short may have it.
+        if destination is not None and self._entry(destination).starved:
+            self._wake_soon(destination.address)
+
     def _transitioned(self, destination: Destination, entry: _Entry, transition: FlowTransition | None) -> None:
         if transition is None:
             return

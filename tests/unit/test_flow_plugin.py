@@ -164,3 +164,15 @@ def test_with_a_size_threshold_and_no_size_seen_yet_credit_goes_one_at_a_time() 
     assert hooks.producer_credit(producer=producer, destination=destination) == 1
     fill(registry, "big", 1)  # 10-byte messages: (8192 - 10) // 10 + 1 = 819 more fit
     assert hooks.producer_credit(producer=producer, destination=destination) == 100
+
+
+def test_a_producer_leaving_wakes_those_that_went_short() -> None:
+    hooks, registry, control, _ = setup({"destinations": {"q": {"flow_stop_count": 1, "flow_resume_count": 1}}})
+    destination = registry.get("q")
+    first, second = attach(registry, "q"), attach(registry, "q")
+    first.credit = hooks.producer_credit(producer=first, destination=destination)
+    assert first.credit == 2  # room for the one that crosses the threshold, too
+    assert hooks.producer_credit(producer=second, destination=destination) == 0
+    destination.producers.discard(first)  # type: ignore[union-attr]
+    hooks.producer_detached(producer=first, destination=destination)
+    assert control.timers, "the producer that went short is asked again"
