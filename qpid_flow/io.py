@@ -90,6 +90,10 @@ class RelayContainer(Container):
         connection = super().connect(*args, **kwargs)
         handler = kwargs.get("handler")
         if handler is not None:
+            # A handler reconnecting replaces its old connection: keep the map small.
+            for key, known in list(self._connection_handlers.items()):
+                if known is handler:
+                    del self._connection_handlers[key]
             self._connection_handlers[addressof(connection._impl)] = handler
         return connection
 
