@@ -1,10 +1,18 @@
-"""Proton's socket I/O handler, with transport updates batched per turn of the reactor.
+"""The reactor, tuned for relaying: fewer Python objects and updates per message.
 
-Proton's Python reactor re-computes a connection's socket interest (and posts a
-``selectable_updated`` event) on every ``PN_TRANSPORT`` event, and Proton emits one for
-almost every change to a delivery: about six per message relayed. Only the state at
-the moment the reactor goes back to ``select()`` matters, so this handler notes which
-transports changed and updates each once, when the reactor has no other events left.
+Proton's Python reactor wraps every engine event in a Python ``Event`` (and its context
+objects), resolves its handler through link, session and connection, offers it to the
+global I/O handler as well, and re-computes a connection's socket interest on every
+``PN_TRANSPORT`` event, of which Proton emits one for almost every change to a delivery.
+A relayed message makes about six deliveries events and six transport events: that
+machinery cost more than qpid-flow's own work.
+
+- :class:`BatchingIOHandler` notes which transports changed and updates each once per
+  turn of the reactor, when no other event is left (only the state at ``select()``
+  matters).
+- :class:`RelayContainer` hands ``PN_DELIVERY`` straight to the handler of its
+  connection and ``PN_TRANSPORT`` to the batching handler, from the raw engine event;
+  every other event is dispatched the usual way.
 """
 
 from __future__ import annotations
