@@ -202,7 +202,9 @@ def make_container(kind: str, handler: Handler) -> Container:
     if kind == "qpid-flow":
         from qpid_flow.io import RelayContainer
 
-        return RelayContainer(handler)
+        container = RelayContainer()
+        container.handler = handler  # as qpid-flow's server sets it: the short path calls it directly
+        return container
     return Container(handler)
 
 
