@@ -207,3 +207,27 @@ def test_groups_cli_lists_each_group_with_owner_held_and_waiting(qpid_flow_proce
     with urllib.request.urlopen(f"http://{admin}/v1/destinations/carts", timeout=10) as response:
         record = json.load(response)
     assert record["groups"] == 2 and record["groupHeader"] == "JMSXGroupID"
+
+
+def test_the_event_log_records_messages_and_groups(qpid_flow_process, tmp_path) -> None:
+    events = tmp_path / "events" / "events.jsonl"
+    router = qpid_flow_process(
+        config_text='[destinations."logged"]\nshared_groups = true\n', extra_args=["--events", str(events)]
+    )
+    producer = Producer(router.url, "logged", group_messages(3, 5, 0, 1))
+    run_all(producer)
+    consumer = start_consumer(router.url, "logged", 5, 0, tmp_path / "c.log")
+    wait_all([consumer], 60)
+    router.stop()
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    assert {r["v"] for r in records} == {1} and len({r["run"] for r in records}) == 1
+    kinds = {}
+    for record in records:
+        kinds.setdefault(record["event"], []).append(record)
+    assert len(kinds["enqueue"]) == len(kinds["deliver"]) == len(kinds["transfer_settled"]) == 15
+    assert sorted(r["outcome"] for r in kinds["settle"]) == ["accepted"] * 15
+    assert {r["group"] for r in kinds["deliver"]} == {"g0", "g1", "g2"}
+    assert {r["group"] for r in kinds["group_assigned"]} == {"g0", "g1", "g2"}
+    assert {r["reason"] for r in kinds["group_released"]} == {"settled"}
+    consumer_ids = {r["consumer"] for r in kinds["deliver"]}
+    assert len(consumer_ids) == 1 and None not in consumer_ids
