@@ -118,7 +118,11 @@ class Message:
     def group_id(self, header: str | None = None) -> Any:
         """The raw group id (``properties.group-id`` or application property ``header``)."""
         if self._group_id is _UNREAD:
-            self._group_id = codec.group_id(self.data, header)
+            try:
+                self._group_id = codec.group_id(self.data, header)
+            except codec.MalformedMessage:
+                self._group_id = None
+                raise
         return self._group_id
 
     def __repr__(self) -> str:

@@ -176,3 +176,30 @@ def test_a_producer_leaving_wakes_those_that_went_short() -> None:
     destination.producers.discard(first)  # type: ignore[union-attr]
     hooks.producer_detached(producer=first, destination=destination)
     assert control.timers, "the producer that went short is asked again"
+
+
+def test_purge_and_policy_removal_resume_producers() -> None:
+    _, registry, control, _ = setup(SEED)
+    fill(registry, "orders", 901)
+    orders = registry.get("orders")
+    assert orders is not None and orders.stats()["flowStopped"] is True
+    assert orders.purge() == 901
+    assert (orders.depth, orders.stats()["flowStopped"]) == (0, False)
+    fill(registry, "orders", 901)
+    assert orders.stats()["flowStopped"] is True
+    registry.remove_policy("orders")  # no thresholds any more: flow control is off
+    assert orders.stats()["flowStopped"] is False
+    assert control.timers, "producers are woken"
+
+
+def test_groups_can_be_switched_on_at_runtime_keeping_the_waiting_messages() -> None:
+    from qpid_flow.config import DestinationPolicy
+    from qpid_flow.groups import GroupedQueue
+
+    _, registry, _, _ = setup({})
+    fill(registry, "carts", 3)
+    carts = registry.get("carts")
+    assert carts is not None
+    registry.set_policy("carts", DestinationPolicy(pattern="carts", shared_groups=True, group_header="JMSXGroupID"))
+    assert isinstance(carts.queue, GroupedQueue) and len(carts.queue) == 3
+    assert carts.stats()["groupHeader"] == "JMSXGroupID"
