@@ -33,7 +33,7 @@ from cproton import (
     pn_link_session,
     pn_session_connection,
 )
-from proton import Delivery, Event, Transport
+from proton import Delivery, Event, ProtonException, Transport
 from proton.handlers import IOHandler
 from proton.reactor import Container
 
@@ -54,6 +54,26 @@ class BatchingIOHandler(IOHandler):
         key = addressof(transport_impl)
         if key not in self._dirty:
             self._dirty[key] = Transport.wrap(transport_impl)
+
+    def update(self, transport: Any, selectable: Any, now: float) -> None:
+        """Proton's update, without the ``selectable_updated`` event when nothing the
+        selector uses changed: that event makes the selector walk every connection."""
+        reading, writing, deadline = selectable.reading, selectable.writing, selectable._deadline
+        try:
+            selectable.reading = transport.capacity() > 0
+            selectable.writing = transport.pending() > 0
+        except ProtonException:
+            super().update(transport, selectable, now)  # the transport is closing: Proton's way
+            return
+        selectable.deadline = transport.tick(now)
+        later = selectable._deadline
+        if (
+            selectable.reading == reading
+            and selectable.writing == writing
+            and (later == deadline or (deadline and (not later or later >= deadline)))
+        ):
+            return  # same interest, and the selector already wakes no later than needed
+        selectable.update()
 
     def on_reactor_quiesced(self, event: Any) -> None:
         if self._dirty:

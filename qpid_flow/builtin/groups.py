@@ -35,6 +35,7 @@ class Plugin:
         self._default_group = "qpid.no-group"
         self._control: RouterControl | None = None
         self._grouped: dict[str, Destination] = {}
+        self._sweeping = False
 
     @hookimpl
     def qpid_flow_configure(self, config: RouterConfig) -> None:
@@ -43,7 +44,15 @@ class Plugin:
     @hookimpl
     def qpid_flow_started(self, control: RouterControl) -> None:
         self._control = control
-        control.schedule(LEASE_SWEEP, self._sweep_leases)
+        self._sweep_if_leased()
+
+    def _sweep_if_leased(self) -> None:
+        """Keep the lease sweep running while some grouped destination has a lease, only:
+        an idle router should not wake ten times a second for nothing."""
+        leased = any(d.policy.group_lease for d in self._grouped.values())
+        if leased and not self._sweeping and self._control is not None:
+            self._sweeping = True
+            self._control.schedule(LEASE_SWEEP, self._sweep_leases)
 
     @hookimpl
     def qpid_flow_destination_created(self, destination: Destination) -> None:
@@ -76,6 +85,7 @@ class Plugin:
                 queue.adopt(consumer, message)
         self._grouped[address] = destination
         destination.replace_queue(queue)
+        self._sweep_if_leased()
         log.info("groups_enabled", address=address, group_header=destination.policy.group_header or "group-id")
 
     def _group_event(self, destination: Destination, event: str, group: str, consumer: Consumer) -> None:
@@ -108,6 +118,7 @@ class Plugin:
         return min(consumers, key=lambda c: (queue.owned_by(c), -c.credit))
 
     def _sweep_leases(self) -> None:
+        self._sweeping = False
         control = self._control
         if control is None:
             return
@@ -130,7 +141,7 @@ class Plugin:
                 with queue.release_reason("lease"):
                     destination.release_held(consumer, messages)
             destination.dispatch()
-        control.schedule(LEASE_SWEEP, self._sweep_leases)
+        self._sweep_if_leased()
 
     @hookimpl
     def qpid_flow_destination_stats(self, destination: Destination) -> dict[str, Any] | None:
