@@ -21,8 +21,7 @@ from qpid_flow_rabbitmq_depth import PikaDepthReader, RabbitMQDepth, parse_setti
 pytestmark = pytest.mark.integration
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
-if not (PROJECT_ROOT / "tests" / "integration" / "harness" / "rabbitmq.py").exists():
-    pytest.skip("needs the qpid-flow source tree (tests/integration/harness)", allow_module_level=True)
+# These tests live in qpid-flow's source tree and use its broker harness: run them there.
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
