@@ -237,6 +237,11 @@ def pattern_matches(pattern: str, address: str) -> bool:
     return len(a) == len(p)
 
 
+def is_pattern(name: str) -> bool:
+    """True for a wildcard pattern (``orders.*``, ``PRICES.>``), False for a plain name."""
+    return any(segment in ("*", ">") for segment in name.split("."))
+
+
 def _specificity(pattern: str) -> tuple[int, int, int]:
     segments = pattern.split(".")
     literal = sum(1 for s in segments if s not in ("*", ">"))

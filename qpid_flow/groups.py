@@ -23,7 +23,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from qpid_flow.codec import MalformedMessage
 from qpid_flow.model import Consumer, Hold, Message
 
 if TYPE_CHECKING:
@@ -92,11 +91,8 @@ class GroupedQueue:
     # --- what is in it ------------------------------------------------------------------
 
     def group_of(self, message: Message) -> str:
-        try:
-            raw = message.group_id(self.header)
-        except MalformedMessage:
-            raw = None  # a message whose group cannot be read still goes somewhere: the default group
-        return group_key(raw, self.default_group)
+        # No (or an unreadable) group id: the default group.
+        return group_key(message.group_id(self.header), self.default_group)
 
     def __len__(self) -> int:
         return self._waiting

@@ -116,13 +116,13 @@ class Message:
         return len(self.data)
 
     def group_id(self, header: str | None = None) -> Any:
-        """The raw group id (``properties.group-id`` or application property ``header``)."""
+        """The raw group id (``properties.group-id`` or application property ``header``);
+        None when the message has none, or its encoding cannot be read."""
         if self._group_id is _UNREAD:
             try:
                 self._group_id = codec.group_id(self.data, header)
             except codec.MalformedMessage:
                 self._group_id = None
-                raise
         return self._group_id
 
     def __repr__(self) -> str:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from qpid_flow.config import parse_destination
+from qpid_flow.config import is_pattern, parse_destination
 from qpid_flow.groups import GroupedQueue
 
 if TYPE_CHECKING:
@@ -23,10 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["Operations"]
 
 log = structlog.get_logger("qpid_flow.operations")
-
-
-def _is_pattern(name: str) -> bool:
-    return any(segment in ("*", ">") for segment in name.split("."))
 
 
 def _policy_record(name: str, policy: DestinationPolicy) -> dict[str, Any]:
@@ -48,7 +44,7 @@ class Operations:
     def add_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         policy = parse_destination(name, settings)
         changed = self._destinations.set_policy(name, policy)
-        if not _is_pattern(name):
+        if not is_pattern(name):
             self._destinations.get(name)  # a named destination exists once configured
         log.info("policy_set", name=name, destinations=[d.address for d in changed], **settings)
         return _policy_record(name, policy)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from qpid_flow.config import DestinationPolicy, RouterConfig, pattern_matches, resolve_policy
+from qpid_flow.config import DestinationPolicy, RouterConfig, is_pattern, pattern_matches, resolve_policy
 from qpid_flow.destination import Destination
 from qpid_flow.manager import Hooks
 from qpid_flow.memory import MemoryMeter
@@ -39,6 +39,12 @@ class Destinations:
         self._by_address[address] = destination
         self._hooks.destination_created(destination=destination)
         return destination
+
+    def create_configured(self) -> None:
+        """Configured names (not patterns) exist from the start, like declared queues."""
+        for name in list(self.policies):
+            if not is_pattern(name):
+                self.get(name)
 
     def find(self, address: str) -> Destination | None:
         """The destination for ``address`` if it exists (never creates one)."""

@@ -100,9 +100,7 @@ class Server(Handler):
             plugins=sorted(name for name, _ in self.hooks.pm.list_name_plugin()),
         )
         self.hooks.started(control=self.control)
-        for name in self.destinations.policies:
-            if not any(segment in ("*", ">") for segment in name.split(".")):
-                self.destinations.get(name)  # configured names exist from the start, like declared queues
+        self.destinations.create_configured()
         self.container.run()
         log.info("stopped")
 

@@ -270,14 +270,18 @@ class BrokerBackend(Handler):
             return
         # No local consumer is left: give back what was fetched ahead, then detach.
         destination.upstream_credit = 0
-        current = self.epoch
-        released = [m for m in destination.queue if m.upstream_epoch == current]
-        destination.forget(lambda m: m.upstream_epoch != 0)
-        for message in released:
-            if message.on_dequeue is not None:
-                message.on_dequeue(_RELEASED)
+        self._give_back_fetched(destination)
         if receiver.link is not None and receiver.link.state & Endpoint.LOCAL_ACTIVE:
             receiver.link.close()
+
+    def _give_back_fetched(self, destination: Destination) -> None:
+        """Release to the broker every message fetched for ``destination`` and waiting."""
+        current = self.epoch
+        fetched = [m for m in destination.queue if m.upstream_epoch == current]
+        destination.forget(lambda m: m.upstream_epoch != 0)
+        for message in fetched:
+            if message.on_dequeue is not None:
+                message.on_dequeue(_RELEASED)
 
     def demand_changed(self, destination: Destination) -> None:
         receiver = self._receivers.get(destination.address)
@@ -394,11 +398,6 @@ class BrokerBackend(Handler):
         """Release every fetched message back to the broker and close the connection."""
         self.closing = True
         for receiver in self._receivers.values():
-            destination = receiver.destination
-            fetched = [m for m in destination.queue if m.upstream_epoch == self.epoch]
-            destination.forget(lambda m: m.upstream_epoch != 0)
-            for message in fetched:
-                if message.on_dequeue is not None:
-                    message.on_dequeue(_RELEASED)
+            self._give_back_fetched(receiver.destination)
         if self._connection is not None and self._connection.state & Endpoint.LOCAL_ACTIVE:
             self._connection.close()

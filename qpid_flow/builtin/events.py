@@ -45,10 +45,7 @@ def _group(destination: Destination, message: Message) -> str | None:
     queue = destination.queue
     if isinstance(queue, GroupedQueue):
         return queue.group_of(message)
-    try:
-        raw = message.group_id()
-    except codec.MalformedMessage:
-        return None
+    raw = message.group_id()
     return None if raw is None else group_key(raw)
 
 
