@@ -17,6 +17,8 @@ machinery cost more than qpid-flow's own work.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Any
 
 from cproton import (
@@ -26,18 +28,33 @@ from cproton import (
     isnull,
     pn_collector_peek,
     pn_collector_pop,
+    pn_delivery,
     pn_delivery_link,
+    pn_delivery_local,
+    pn_delivery_remote,
     pn_event_delivery,
     pn_event_transport,
     pn_event_type,
     pn_link_session,
     pn_session_connection,
 )
-from proton import Delivery, Event, ProtonException, Transport
+from proton import Delivery, Disposition, Event, Link, ProtonException, Transport
+from proton._selectable import Selectable
 from proton.handlers import IOHandler
 from proton.reactor import Container
 
-__all__ = ["BatchingIOHandler", "RelayContainer"]
+__all__ = ["BatchingIOHandler", "LeanDelivery", "RelayContainer", "new_delivery"]
+
+log = logging.getLogger(__name__)
+
+
+class _SelectableEvent:
+    """What Proton's I/O error handler reads from its event: the selectable."""
+
+    __slots__ = ("selectable",)
+
+    def __init__(self, selectable: Selectable) -> None:
+        self.selectable = selectable
 
 
 class BatchingIOHandler(IOHandler):
@@ -56,8 +73,10 @@ class BatchingIOHandler(IOHandler):
             self._dirty[key] = Transport.wrap(transport_impl)
 
     def update(self, transport: Any, selectable: Any, now: float) -> None:
-        """Proton's update, without the ``selectable_updated`` event when nothing the
-        selector uses changed: that event makes the selector walk every connection."""
+        """Proton's update, telling the selector directly, and only when what it uses changed.
+
+        Proton posts a ``selectable_updated`` event for every update, which costs a trip
+        through the generic dispatch and a walk of every connection's deadline."""
         reading, writing, deadline = selectable.reading, selectable.writing, selectable._deadline
         try:
             selectable.reading = transport.capacity() > 0
@@ -73,18 +92,139 @@ class BatchingIOHandler(IOHandler):
             and (later == deadline or (deadline and (not later or later >= deadline)))
         ):
             return  # same interest, and the selector already wakes no later than needed
-        selectable.update()
+        selector = self._selector
+        selector._reading.discard(selectable)
+        selector._writing.discard(selectable)
+        if selectable.reading:
+            selector._reading.add(selectable)
+        if selectable.writing:
+            selector._writing.add(selectable)
+        # The selector's deadline is already no later than every other connection's.
+        if later and (selector._deadline is None or later < selector._deadline):
+            selector._deadline = later
+
+    def _flush(self, transport: Any, selectable: Any) -> None:
+        """Write what the transport has to send now, instead of waiting a turn for
+        ``select()`` to say the socket is writable: it almost always is, and a turn of the
+        reactor costs more than the write."""
+        try:
+            pending = transport.pending()
+        except ProtonException:
+            return  # closing: the update that follows handles it
+        if pending > 0:
+            try:
+                transport.pop(selectable.send(transport.peek(pending)))
+            except BlockingIOError:
+                pass  # the socket buffer is full: select() will say when it drains
+            except OSError as error:
+                log.error("Couldn't send: %r", error)
+                transport.close_head()
+
+    def _read(self, transport: Any, selectable: Any) -> None:
+        capacity = transport.capacity()
+        if capacity <= 0:
+            return
+        try:
+            data = selectable.recv(capacity)
+        except BlockingIOError:
+            return
+        except OSError as error:
+            log.error("Couldn't recv: %r", error)
+            transport.close_tail()
+            return
+        if data:
+            transport.push(data)
+        else:  # end of stream
+            self.on_selectable_error(_SelectableEvent(selectable))
 
     def on_reactor_quiesced(self, event: Any) -> None:
-        if self._dirty:
-            dirty = list(self._dirty.values())
-            self._dirty.clear()
-            for transport in dirty:
+        reactor = event.reactor
+        dirty = self._dirty
+        if dirty:
+            transports = list(dirty.values())
+            dirty.clear()
+            now = reactor.now
+            for transport in transports:
                 selectable = transport._selectable
                 if selectable and not selectable.is_terminal:
-                    self.update(transport, selectable, transport._reactor.now)
-            # The updates posted events: let the reactor handle them, then quiesce again.
-        super().on_reactor_quiesced(event)
+                    self._flush(transport, selectable)
+                    self.update(transport, selectable, now)
+        if not reactor.quiesced:
+            return  # the updates posted events: the reactor handles them, then quiesces again
+        _ = reactor.timer_deadline  # drops cancelled timers, as Proton's handler does
+        readable, writable, expired = self._selector.select(reactor.timeout)
+        reactor.mark()
+        # Connections' sockets are served here rather than through one posted event each;
+        # any other selectable (acceptor, connector, timer) keeps its own handling.
+        for selectable in readable:
+            transport = selectable._transport
+            if transport is not None and type(selectable) is Selectable:
+                self._read(transport, selectable)
+                dirty[addressof(transport._impl)] = transport
+            else:
+                selectable.readable()
+        for selectable in writable:
+            transport = selectable._transport
+            if transport is not None and type(selectable) is Selectable:
+                self._flush(transport, selectable)
+                dirty[addressof(transport._impl)] = transport
+            else:
+                selectable.writable()
+        for selectable in expired:
+            selectable.expired()
+        reactor.yield_()
+
+
+# Link wrappers in use, by C address. Weak: an entry goes when its wrapper goes, before
+# Proton can free the link and reuse its address.
+_links: weakref.WeakValueDictionary[int, Link] = weakref.WeakValueDictionary()
+
+
+class LeanDelivery(Delivery):
+    """A Proton ``Delivery`` whose local and remote dispositions are wrapped when first
+    read rather than when the delivery is.
+
+    Proton builds both ``Disposition`` objects for every delivery it wraps for the first
+    time; a relayed message makes four deliveries, and the router reads a disposition of
+    only some of them. Every delivery qpid-flow handles is wrapped by this class (see
+    :func:`new_delivery` and :class:`RelayContainer`), so the attributes stay consistent.
+    """
+
+    def _init(self) -> None:
+        pass
+
+    @property
+    def link(self) -> Link:
+        # Every delivery event asks for its link: hand back the wrapper someone already
+        # holds (the router keeps one per link it serves) instead of wrapping it again.
+        impl = pn_delivery_link(self._impl)
+        key = addressof(impl)
+        link = _links.get(key)
+        if link is None:
+            link = Link.wrap(impl)
+            _links[key] = link
+        return link
+
+    @property
+    def local(self) -> Disposition:
+        attrs = self.__dict__["_attrs"]
+        disposition = attrs.get("local")
+        if disposition is None:
+            disposition = attrs["local"] = Disposition(pn_delivery_local(self._impl), True)
+        return disposition
+
+    @property
+    def remote(self) -> Disposition:
+        attrs = self.__dict__["_attrs"]
+        disposition = attrs.get("remote")
+        if disposition is None:
+            disposition = attrs["remote"] = Disposition(pn_delivery_remote(self._impl), False)
+        return disposition
+
+
+def new_delivery(link: Link, tag: str) -> LeanDelivery:
+    """``link.delivery(tag)``, made a :class:`LeanDelivery`."""
+    return LeanDelivery(pn_delivery(link._impl, tag))
 
 
 class _DeliveryEvent:
@@ -144,7 +284,7 @@ class RelayContainer(Container):
                 delivery_impl = pn_event_delivery(raw)
                 connection = pn_session_connection(pn_link_session(pn_delivery_link(delivery_impl)))
                 handler = handlers.get(addressof(connection), default)
-                handler.on_delivery(_DeliveryEvent(Delivery.wrap(delivery_impl)))
+                handler.on_delivery(_DeliveryEvent(LeanDelivery(delivery_impl)))
                 self._previous = None
             elif kind == PN_TRANSPORT:
                 mark_dirty(pn_event_transport(raw))

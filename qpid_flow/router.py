@@ -19,6 +19,7 @@ from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
 from qpid_flow.guard import contain_errors
+from qpid_flow.io import new_delivery
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -444,7 +445,7 @@ class Router(Handler):
 
     def _deliver(self, consumer: Consumer, message: Message) -> None:
         link = self._consumers[consumer.id][1]
-        delivery = link.delivery(str(next(self._tags)))
+        delivery = new_delivery(link, str(next(self._tags)))
         link.send(message.data)
         link.advance()
         if consumer.presettled:

@@ -25,6 +25,7 @@ import structlog
 from proton import Condition, Endpoint, Handler, Link
 
 from qpid_flow.guard import contain_errors
+from qpid_flow.io import new_delivery
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Message, Outcome, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -233,7 +234,7 @@ class BrokerBackend(Handler):
         pending = sender.pending
         while pending and link.credit > 0:
             message, done = pending.popleft()
-            delivery = link.delivery(str(next(self._tags)))
+            delivery = new_delivery(link, str(next(self._tags)))
             link.send(message.data)
             link.advance()
             if message.origin is None:
