@@ -43,7 +43,7 @@ from proton._selectable import Selectable
 from proton.handlers import IOHandler
 from proton.reactor import Container
 
-__all__ = ["BatchingIOHandler", "LeanDelivery", "RelayContainer", "new_delivery"]
+__all__ = ["BatchingIOHandler", "LeanDelivery", "RelayContainer", "keep_link", "new_delivery"]
 
 log = logging.getLogger(__name__)
 
@@ -196,14 +196,12 @@ class LeanDelivery(Delivery):
     @property
     def link(self) -> Link:
         # Every delivery event asks for its link: hand back the wrapper someone already
-        # holds (the router keeps one per link it serves) instead of wrapping it again.
+        # holds (the router and the upstream keep one per link, see keep_link) instead of
+        # wrapping it again.
         impl = pn_delivery_link(self._impl)
         key = addressof(impl)
         link = _links.get(key)
-        if link is None:
-            link = Link.wrap(impl)
-            _links[key] = link
-        return link
+        return Link.wrap(impl) if link is None else link
 
     @property
     def local(self) -> Disposition:
@@ -220,6 +218,11 @@ class LeanDelivery(Delivery):
         if disposition is None:
             disposition = attrs["remote"] = Disposition(pn_delivery_remote(self._impl), False)
         return disposition
+
+
+def keep_link(link: Link) -> None:
+    """Let deliveries of ``link`` hand back this wrapper for as long as the caller holds it."""
+    _links[addressof(link._impl)] = link
 
 
 def new_delivery(link: Link, tag: str) -> LeanDelivery:

@@ -19,7 +19,7 @@ from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
 from qpid_flow.guard import contain_errors
-from qpid_flow.io import new_delivery
+from qpid_flow.io import keep_link, new_delivery
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -175,6 +175,7 @@ class Router(Handler):
         link.open()
         producer = Producer(address, name=link.name, connection_id=link.connection.qf_id)
         link.qf_producer = producer
+        keep_link(link)
         self._producers[producer.id] = (producer, link)
         if destination is not None:
             destination.producers.add(producer)
@@ -203,6 +204,7 @@ class Router(Handler):
         link.open()
         consumer = Consumer(address, self._deliver, presettled, name=link.name, connection_id=link.connection.qf_id)
         link.qf_consumer = consumer
+        keep_link(link)
         self._consumers[consumer.id] = (consumer, link)
         destination.add_consumer(consumer)
         self.backend.consumer_attached(destination)

@@ -25,7 +25,7 @@ import structlog
 from proton import Condition, Endpoint, Handler, Link
 
 from qpid_flow.guard import contain_errors
-from qpid_flow.io import new_delivery
+from qpid_flow.io import keep_link, new_delivery
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Message, Outcome, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -207,6 +207,7 @@ class BrokerBackend(Handler):
             return
         link = self._container.create_sender(self._connection, sender.address)
         link.qf_sender = sender
+        keep_link(link)
         sender.link = link
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
@@ -260,6 +261,7 @@ class BrokerBackend(Handler):
             return
         link = self._container.create_receiver(self._connection, receiver.destination.address)
         link.qf_receiver = receiver
+        keep_link(link)
         receiver.link = link
         self._top_up(receiver)
 
