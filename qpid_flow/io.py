@@ -24,7 +24,6 @@ from typing import Any
 from cproton import (
     PN_DELIVERY,
     PN_TRANSPORT,
-    addressof,
     isnull,
     pn_collector_peek,
     pn_collector_pop,
@@ -43,7 +42,7 @@ from proton._selectable import Selectable
 from proton.handlers import IOHandler
 from proton.reactor import Container
 
-__all__ = ["BatchingIOHandler", "LeanDelivery", "RelayContainer", "keep_link", "new_delivery"]
+__all__ = ["BatchingIOHandler", "DeliveryEvent", "LeanDelivery", "RelayContainer", "keep_link", "new_delivery"]
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +59,18 @@ class _SelectableEvent:
 class BatchingIOHandler(IOHandler):
     def __init__(self) -> None:
         super().__init__()
-        self._dirty: dict[int, Any] = {}
+        # Keyed by the C pointer itself: cffi pointers hash and compare by address, and
+        # that is cheaper than converting them to ints.
+        self._dirty: dict[Any, Any] = {}
 
     def on_transport(self, event: Any) -> None:
         transport = event.transport
-        self._dirty[addressof(transport._impl)] = transport
+        self._dirty[transport._impl] = transport
 
     def mark_dirty(self, transport_impl: Any) -> None:
         """The same, from a raw transport pointer (wrapped once per turn at most)."""
-        key = addressof(transport_impl)
-        if key not in self._dirty:
-            self._dirty[key] = Transport.wrap(transport_impl)
+        if transport_impl not in self._dirty:
+            self._dirty[transport_impl] = Transport.wrap(transport_impl)
 
     def update(self, transport: Any, selectable: Any, now: float) -> None:
         """Proton's update, telling the selector directly, and only when what it uses changed.
@@ -160,14 +160,14 @@ class BatchingIOHandler(IOHandler):
             transport = selectable._transport
             if transport is not None and type(selectable) is Selectable:
                 self._read(transport, selectable)
-                dirty[addressof(transport._impl)] = transport
+                dirty[transport._impl] = transport
             else:
                 selectable.readable()
         for selectable in writable:
             transport = selectable._transport
             if transport is not None and type(selectable) is Selectable:
                 self._flush(transport, selectable)
-                dirty[addressof(transport._impl)] = transport
+                dirty[transport._impl] = transport
             else:
                 selectable.writable()
         for selectable in expired:
@@ -175,9 +175,9 @@ class BatchingIOHandler(IOHandler):
         reactor.yield_()
 
 
-# Link wrappers in use, by C address. Weak: an entry goes when its wrapper goes, before
+# Link wrappers in use, by C pointer. Weak: an entry goes when its wrapper goes, before
 # Proton can free the link and reuse its address.
-_links: weakref.WeakValueDictionary[int, Link] = weakref.WeakValueDictionary()
+_links: weakref.WeakValueDictionary[Any, Link] = weakref.WeakValueDictionary()
 
 
 class LeanDelivery(Delivery):
@@ -199,8 +199,7 @@ class LeanDelivery(Delivery):
         # holds (the router and the upstream keep one per link, see keep_link) instead of
         # wrapping it again.
         impl = pn_delivery_link(self._impl)
-        key = addressof(impl)
-        link = _links.get(key)
+        link = _links.get(impl)
         return Link.wrap(impl) if link is None else link
 
     @property
@@ -222,7 +221,7 @@ class LeanDelivery(Delivery):
 
 def keep_link(link: Link) -> None:
     """Let deliveries of ``link`` hand back this wrapper for as long as the caller holds it."""
-    _links[addressof(link._impl)] = link
+    _links[link._impl] = link
 
 
 def new_delivery(link: Link, tag: str) -> LeanDelivery:
@@ -230,13 +229,31 @@ def new_delivery(link: Link, tag: str) -> LeanDelivery:
     return LeanDelivery(pn_delivery(link._impl, tag))
 
 
-class _DeliveryEvent:
-    """What a delivery handler reads from its event: the delivery, nothing else."""
+class DeliveryEvent:
+    """What a delivery handler reads from a ``PN_DELIVERY`` event.
 
-    __slots__ = ("delivery",)
+    ``impl`` is the C delivery: a handler that keeps the deliveries it created in a dict
+    keyed by it finds them without wrapping anything. ``delivery`` and ``link`` are
+    wrapped on first use (the link from the wrappers already held, see :func:`keep_link`).
+    """
 
-    def __init__(self, delivery: Delivery) -> None:
-        self.delivery = delivery
+    __slots__ = ("_delivery", "impl", "link_impl")
+
+    def __init__(self, impl: Any, link_impl: Any) -> None:
+        self.impl = impl
+        self.link_impl = link_impl
+        self._delivery: LeanDelivery | None = None
+
+    @property
+    def delivery(self) -> LeanDelivery:
+        if self._delivery is None:
+            self._delivery = LeanDelivery(self.impl)
+        return self._delivery
+
+    @property
+    def link(self) -> Link:
+        link = _links.get(self.link_impl)
+        return Link.wrap(self.link_impl) if link is None else link
 
 
 class RelayContainer(Container):
@@ -254,8 +271,8 @@ class RelayContainer(Container):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._io = BatchingIOHandler()
         super().__init__(*args, global_handler=self._io, **kwargs)
-        # Connection (C pointer address) -> its handler, for connections that have their own.
-        self._connection_handlers: dict[int, Any] = {}
+        # Connection (C pointer) -> its handler, for connections that have their own.
+        self._connection_handlers: dict[Any, Any] = {}
 
     def connect(self, *args: Any, **kwargs: Any) -> Any:
         connection = super().connect(*args, **kwargs)
@@ -265,7 +282,7 @@ class RelayContainer(Container):
             for key, known in list(self._connection_handlers.items()):
                 if known is handler:
                     del self._connection_handlers[key]
-            self._connection_handlers[addressof(connection._impl)] = handler
+            self._connection_handlers[connection._impl] = handler
         return connection
 
     def process(self) -> bool:
@@ -285,9 +302,9 @@ class RelayContainer(Container):
             kind = pn_event_type(raw)
             if kind == PN_DELIVERY:
                 delivery_impl = pn_event_delivery(raw)
-                connection = pn_session_connection(pn_link_session(pn_delivery_link(delivery_impl)))
-                handler = handlers.get(addressof(connection), default)
-                handler.on_delivery(_DeliveryEvent(LeanDelivery(delivery_impl)))
+                link_impl = pn_delivery_link(delivery_impl)
+                handler = handlers.get(pn_session_connection(pn_link_session(link_impl)), default)
+                handler.on_delivery(DeliveryEvent(delivery_impl, link_impl))
                 self._previous = None
             elif kind == PN_TRANSPORT:
                 mark_dirty(pn_event_transport(raw))

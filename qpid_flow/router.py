@@ -19,7 +19,7 @@ from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
 from qpid_flow.guard import contain_errors
-from qpid_flow.io import keep_link, new_delivery
+from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, new_delivery
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -63,6 +63,10 @@ class Router(Handler):
         self._max_message_size = config.max_message_size
         self._producers: dict[int, tuple[Producer, Link]] = {}
         self._consumers: dict[int, tuple[Consumer, Link]] = {}
+        # Per consumer, its unsettled deliveries by C delivery (what a delivery event
+        # carries): the wrapper, kept so the C delivery lives as long as the entry, and
+        # the message.
+        self._sent: dict[int, dict[Any, tuple[LeanDelivery, Message]]] = {}
         # Transfers a policy holds unforwarded (Hold), per address, in arrival order.
         self._held: dict[str, list[Message]] = {}
         # Transfers whose outcome is known but whose producer must wait for it
@@ -206,6 +210,7 @@ class Router(Handler):
         link.qf_consumer = consumer
         keep_link(link)
         self._consumers[consumer.id] = (consumer, link)
+        self._sent[consumer.id] = {}
         destination.add_consumer(consumer)
         self.backend.consumer_attached(destination)
         log.debug("consumer_attached", link=consumer.id, address=address, connection=consumer.connection_id)
@@ -223,6 +228,7 @@ class Router(Handler):
             return
         consumer = getattr(link, "qf_consumer", None)
         if consumer is not None and self._consumers.pop(consumer.id, None) is not None:
+            del self._sent[consumer.id]  # the destination gets its messages back below
             destination = self.destinations.find(consumer.address)
             if destination is not None:
                 destination.remove_consumer(consumer)
@@ -245,10 +251,10 @@ class Router(Handler):
 
     # --- producer side ------------------------------------------------------------------
 
-    def on_delivery(self, event: Event) -> None:
-        delivery = event.delivery
-        link = delivery.link
+    def on_delivery(self, event: DeliveryEvent) -> None:
+        link = event.link
         if link.is_receiver:
+            delivery = event.delivery
             if delivery.aborted:
                 delivery.settle()
                 return
@@ -262,15 +268,21 @@ class Router(Handler):
                 link.advance()
                 self._on_transfer(link, delivery, data)
         else:
-            message = getattr(delivery, "qf_message", None)
-            if message is None:
+            consumer = getattr(link, "qf_consumer", None)
+            if consumer is None:
                 return
+            sent = self._sent.get(consumer.id)
+            if not sent:
+                return
+            entry = sent.get(event.impl)
+            if entry is None:
+                return
+            delivery, message = entry
             settlement = remote_settlement(delivery)
             if settlement is None:
                 return  # not terminal yet (e.g. received)
-            delivery.qf_message = None
+            del sent[event.impl]
             delivery.settle()
-            consumer = link.qf_consumer
             destination = self.destinations.find(consumer.address)
             if destination is not None:
                 destination.settle(consumer, message, settlement)
@@ -453,7 +465,7 @@ class Router(Handler):
         if consumer.presettled:
             delivery.settle()
         else:
-            delivery.qf_message = message
+            self._sent[consumer.id][delivery._impl] = (delivery, message)
 
     def upstream_link_failed(self, address: str, is_sender: bool, condition: Condition | None) -> None:
         """The broker closed the upstream link of ``address``: close the local links that

@@ -19,13 +19,13 @@ import functools
 import itertools
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from proton import Condition, Endpoint, Handler, Link
 
 from qpid_flow.guard import contain_errors
-from qpid_flow.io import keep_link, new_delivery
+from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, new_delivery
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Message, Outcome, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -65,8 +65,10 @@ class _Sender:
         self.address = address
         self.link: Link | None = None
         self.pending: deque[tuple[Message, OutcomeCallback]] = deque()
-        # Sent and waiting for the broker's outcome, in send order (by message sequence).
-        self.in_flight: dict[int, tuple[Message, OutcomeCallback]] = {}
+        # Sent and waiting for the broker's outcome, in send order, by C delivery (the
+        # delivery's event carries it; the entry holds the wrapper, so the C delivery
+        # lives, and its address stays unique, as long as the entry).
+        self.in_flight: dict[Any, tuple[Message, OutcomeCallback, LeanDelivery]] = {}
 
 
 class _Receiver:
@@ -168,7 +170,7 @@ class BrokerBackend(Handler):
             sender.link = None
             if sender.in_flight:
                 # No outcome came for these: send them again, first, in their order.
-                sender.pending.extendleft(reversed(list(sender.in_flight.values())))
+                sender.pending.extendleft((message, done) for message, done, _ in reversed(sender.in_flight.values()))
                 sender.in_flight.clear()
         for receiver in self._receivers.values():
             receiver.link = None
@@ -243,8 +245,7 @@ class BrokerBackend(Handler):
                 delivery.settle()
                 done(message, _ACCEPTED)
             else:
-                delivery.qf_sequence = message.sequence
-                sender.in_flight[message.sequence] = (message, done)
+                sender.in_flight[delivery._impl] = (message, done, delivery)
 
     def in_flight(self) -> int:
         return sum(len(s.in_flight) + len(s.pending) for s in self._senders.values())
@@ -314,22 +315,24 @@ class BrokerBackend(Handler):
         if sender is not None and sender.link == event.link:
             self._pump(sender)
 
-    def on_delivery(self, event: Event) -> None:
-        delivery = event.delivery
-        link = delivery.link
+    def on_delivery(self, event: DeliveryEvent) -> None:
+        link = event.link
         if link.is_sender:
-            sequence = getattr(delivery, "qf_sequence", None)
-            sender = getattr(link, "qf_sender", None)
-            if sequence is None or sender is None:
+            sender: _Sender | None = getattr(link, "qf_sender", None)
+            if sender is None:
                 return
+            entry = sender.in_flight.get(event.impl)
+            if entry is None:
+                return
+            message, done, delivery = entry
             settlement = remote_settlement(delivery)
             if settlement is None:
                 return
+            del sender.in_flight[event.impl]
             delivery.settle()
-            entry = sender.in_flight.pop(sequence, None)
-            if entry is not None:
-                entry[1](entry[0], settlement)
+            done(message, settlement)
             return
+        delivery = event.delivery
         receiver = getattr(link, "qf_receiver", None)
         if receiver is None or delivery.aborted:
             delivery.settle()
@@ -376,7 +379,8 @@ class BrokerBackend(Handler):
             condition.name if condition else "amqp:internal-error",
             condition.description if condition else f"the broker closed the link to {sender.address!r}",
         )
-        for message, done in [*sender.in_flight.values(), *sender.pending]:
+        waiting = [(message, done) for message, done, _ in sender.in_flight.values()]
+        for message, done in [*waiting, *sender.pending]:
             done(message, failed)
         self._on_link_failed(sender.address, True, condition)
 
