@@ -743,6 +743,8 @@ def scale(ctx: Context) -> dict[str, Any]:
         ),
         f"runs ok: {len(ok)}/{len(conn_runs)}" + (f"; error: {conn_runs[0]['error']}" if not ok else ""),
     ]
+    drain_runs, drain_table, drain_target = group_drains(ctx)
+    table += ["", *drain_table]
     groups_result = guarded(ctx, "bench/groups.py", lambda procs: run_groups_script(ctx, procs))
     if "error" not in groups_result:
         table += ["", "100,000 groups (bench/groups.py, in process):", *groups_result.pop("lines")]
@@ -768,9 +770,67 @@ def scale(ctx: Context) -> dict[str, Any]:
             )
         },
         "groups": groups_result,
-        "targets": [],
+        "group_drains": drain_runs,
+        "summary_group_drains": _summary(drain_runs),
+        "targets": [drain_target],
         "table": table,
     }
+
+
+def group_drains(ctx: Context) -> tuple[dict[str, list[dict[str, Any]]], list[str], dict[str, Any]]:
+    """Through qpid-flow: a grouped destination filled with as many messages as groups
+    (100,000: every group active at once), then drained by the C receive example; against
+    the same messages over 10 groups. The drain is the part the group table is on: every
+    message is dispatched, assigned, delivered and settled, and its group freed."""
+    count = ctx.count(100_000, 20_000)
+
+    def drain(group_count: int) -> Callable[[Processes], dict[str, Any]]:
+        def run(procs: Processes) -> dict[str, Any]:
+            server = start_qpid_flow(procs, config=GROUPS_CONFIG)
+            addr = address("bench-groups")
+            producer = run_pyclient(
+                procs,
+                "py-produce",
+                ["produce", server.url, addr, str(count), "--groups", str(group_count), "--timeout", str(RUN_TIMEOUT)],
+            )
+            client_result(producer, RUN_TIMEOUT + 30)  # all accepted: every message waits in qpid-flow
+            meter = CpuMeter(server=server.pid).start()
+            t0 = time.perf_counter()
+            receiver = procs.start(
+                "c-receive",
+                [str(ctx.c_examples().receive), "127.0.0.1", str(server.port), addr, str(count)],
+                stdout_to_log=False,
+            )
+            if receiver.wait(RUN_TIMEOUT):
+                raise BenchError(f"C receive failed\n{receiver.tail()}")
+            done = time.perf_counter()
+            return run_figures(count, t0, done, done, meter.stop())
+
+        return run
+
+    many = ctx.count(100_000, 20_000)
+    runs = rounds_of(ctx, {"groups_10": drain(10), "groups_many": drain(many)})
+    labels = {
+        "groups_10": f"drain {count:,} waiting messages over 10 groups",
+        "groups_many": f"drain {count:,} waiting messages over {many:,} groups",
+    }
+    rows = rate_table(runs, labels, "groups_10")
+    rate_ratio = ratio_of_medians(runs["groups_many"], runs["groups_10"], "rate")
+    cpu_ratio = ratio_of_medians(runs["groups_10"], runs["groups_many"], "cpu_us")
+    table = [
+        f"{many:,} groups through qpid-flow standalone: a Python producer fills a shared_groups destination "
+        f"(group_id round robin), then the C receive example drains it; {ctx.rounds} rounds",
+        *capture_table([*RATE_HEADERS, "rate / 10 groups", "runs"], rows),
+        f"rate({many:,} groups) / rate(10 groups) = {_fmt(rate_ratio, 2)} "
+        f"(target >= 0.8: {verdict(rate_ratio, 0.8)}); "
+        f"CPU per message, 10 groups / {many:,} groups = {_fmt(cpu_ratio, 2)}",
+    ]
+    target = {
+        "target": f"{many:,} groups: drain rate through qpid-flow >= 0.8 x 10 groups",
+        "value": rate_ratio,
+        "verdict": verdict(rate_ratio, 0.8),
+    }
+    return runs, table, target
 
 
 def _scale_result(client: Any, server: Server) -> dict[str, Any]:

@@ -212,7 +212,10 @@ class GroupedQueue:
                 consumer = choice
                 group.owner = consumer
                 group.acquired_at = self._clock()
-                self._owned.setdefault(consumer.id, set()).add(key)
+                owned = self._owned.get(consumer.id)
+                if owned is None:
+                    owned = self._owned[consumer.id] = set()
+                owned.add(key)
                 self._on_event("assigned", key, consumer)
             message = group.messages.popleft()
             self._waiting -= 1

@@ -113,9 +113,12 @@ class Plugin:
         queue = destination.queue
         if not isinstance(queue, GroupedQueue):
             return None
+        if len(consumers) == 1:
+            return consumers[0]  # the common case, once per free group: no ranking to do
         # A free group goes to the consumer owning the fewest groups, then the one with most
         # credit: groups spread over consumers instead of piling on the first.
-        return min(consumers, key=lambda c: (queue.owned_by(c), -c.credit))
+        owned_by = queue.owned_by
+        return min(consumers, key=lambda c: (owned_by(c), -c.credit))
 
     def _sweep_leases(self) -> None:
         self._sweeping = False
