@@ -390,7 +390,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _client_parsers(sub)
+    _report_parser(sub)
     return parser
+
+
+def _report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # The analytics module imports PySpark only when a report runs: serving never loads it.
+    from qpid_flow.analytics import report
+
+    parser = sub.add_parser(
+        "report",
+        help="analyse event logs on Spark: flow control, latency, group audit, advice",
+        description="Read qpid-flow event logs (--events) and write tables (Parquet, CSV), plots and "
+        "index.html to --out. Needs the analytics extra: pip install 'qpid-flow[analytics]'.",
+    )
+    report.add_arguments(parser)
+    parser.set_defaults(func=report.run_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ Off, it costs nothing: without a path this plugin registers no per-message work.
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import time
 import uuid
@@ -56,6 +57,7 @@ class Plugin:
         self._log: Any = None
         self._file: RotatingEventFile | None = None
         self._control: RouterControl | None = None
+        self._config: RouterConfig | None = None
         self._run = uuid.uuid4().hex[:12]
 
     @property
@@ -66,6 +68,7 @@ class Plugin:
     def qpid_flow_configure(self, config: RouterConfig) -> None:
         if not config.events:
             return
+        self._config = config
         self._file = RotatingEventFile(Path(config.events), config.events_max_bytes, config.events_backups)
         atexit.register(self._file.close)
         self._log = structlog.wrap_logger(
@@ -102,6 +105,7 @@ class Plugin:
             group=_group(destination, message),
             producer=message.producer_id,
             depth=destination.depth,
+            bytes=destination.bytes,
         )
 
     @hookimpl
@@ -134,6 +138,7 @@ class Plugin:
             outcome=settlement.outcome.value,
             condition=settlement.condition,
             depth=destination.depth,
+            bytes=destination.bytes,
         )
 
     @hookimpl
@@ -162,6 +167,52 @@ class Plugin:
             producers=len(destination.producers),
             **limits,
         )
+
+    @hookimpl
+    def qpid_flow_destination_created(self, destination: Destination) -> None:
+        if self._log is not None:
+            self._policy(destination)
+
+    @hookimpl
+    def qpid_flow_destination_policy_changed(self, destination: Destination) -> None:
+        if self._log is not None:
+            self._policy(destination)
+
+    def _policy(self, destination: Destination) -> None:
+        """What the analytics need to judge a destination's thresholds: its maximum, the
+        thresholds in force, and whether it is a ring or grouped."""
+        assert self._config is not None
+        policy = destination.policy
+        try:
+            limits = self._config.flow_limits(policy)[0].as_dict()
+        except ValueError:
+            limits = {}  # refused when configured; nothing in force to report
+        self._emit(
+            "destination",
+            address=destination.address,
+            maxCount=policy.max_count or 0,
+            maxSize=policy.max_size or 0,
+            limitPolicy=policy.policy,
+            grouped=bool(policy.shared_groups),
+            producerWindow=self._config.producer_window,
+            **limits,
+        )
+
+    @hookimpl
+    def qpid_flow_producer_attached(self, producer: Producer, destination: Destination | None) -> None:
+        if self._log is not None:
+            assert self._config is not None
+            self._emit(
+                "producer_attached",
+                address=producer.address,
+                producer=producer.id,
+                window=self._config.producer_window,
+            )
+
+    @hookimpl
+    def qpid_flow_producer_detached(self, producer: Producer, destination: Destination | None) -> None:
+        if self._log is not None:
+            self._emit("producer_detached", address=producer.address, producer=producer.id)
 
     @hookimpl
     def qpid_flow_group_assigned(self, destination: Destination, group: str, consumer: Consumer) -> None:
@@ -225,7 +276,10 @@ class RotatingEventFile:
 
 
 def _add_envelope(run: str) -> Any:
+    numbers = itertools.count(1)
+
     def envelope(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-        return {"v": SCHEMA_VERSION, "ts": time.time(), "run": run, **event_dict}
+        # n orders a run's events exactly: timestamps can tie, and files are read in parallel.
+        return {"v": SCHEMA_VERSION, "ts": time.time(), "run": run, "n": next(numbers), **event_dict}
 
     return envelope

@@ -1,0 +1,146 @@
+"""The message-group audit: did shared groups hold, message by message?
+
+On every grouped destination (one with a ``group_assigned`` event, or a ``destination``
+event saying ``grouped``), from the ``deliver`` and ``settle`` events:
+
+- **order**: a group's messages must be delivered in send order (their ``seq``). Only
+  first deliveries count (``delivery_count`` 1): a released message delivered again after
+  later ones is allowed (seed 001) and is not a violation. A violation is a first delivery
+  whose ``seq`` is lower than one already delivered in the same group.
+- **overlap**: at no moment may two consumers hold unsettled messages of the same group.
+  Each delivery holds its message from the ``deliver`` event to the message's next
+  ``settle`` (or to the end of the log); a consumer's holds are merged into periods; a
+  violation is a period that starts before another consumer's period of the same group
+  has ended.
+
+Events are ordered by ``n`` (their number within a run), never by time: timestamps tie.
+A healthy log has no row in either table.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+# "Held until the log ends": later than any event number.
+_FOREVER = 2**62
+
+
+def grouped_destinations(events: DataFrame) -> DataFrame:
+    by_assignment = events.where(F.col("event") == "group_assigned").select("run", "address")
+    by_policy = events.where((F.col("event") == "destination") & F.col("grouped")).select("run", "address")
+    return by_assignment.union(by_policy).distinct()
+
+
+def holds(events: DataFrame) -> DataFrame:
+    """One row per delivery on a grouped destination: who held which message, from which
+    event number (``start``) to which (``end``)."""
+    grouped = grouped_destinations(events)
+    moves = events.where(F.col("event").isin("deliver", "settle")).join(F.broadcast(grouped), ["run", "address"])
+    per_message = Window.partitionBy("run", "seq").orderBy("n")
+    moves = moves.select(
+        "run",
+        "address",
+        "seq",
+        "group",
+        "consumer",
+        "delivery_count",
+        "event",
+        "n",
+        "ts",
+        F.lead("event").over(per_message).alias("next_event"),
+        F.lead("n").over(per_message).alias("next_n"),
+        F.lead("ts").over(per_message).alias("next_ts"),
+    )
+    settled = F.col("next_event") == "settle"
+    return moves.where(F.col("event") == "deliver").select(
+        "run",
+        "address",
+        F.coalesce("group", F.lit("")).alias("group"),
+        "seq",
+        "consumer",
+        "delivery_count",
+        F.col("n").alias("start"),
+        F.when(settled, F.col("next_n")).otherwise(F.lit(_FOREVER)).alias("end"),
+        F.col("ts").alias("start_ts"),
+        F.when(settled, F.col("next_ts")).alias("end_ts"),
+    )
+
+
+def order_violations(held: DataFrame) -> DataFrame:
+    before = Window.partitionBy("run", "address", "group").orderBy("start").rowsBetween(Window.unboundedPreceding, -1)
+    firsts = held.where(F.col("delivery_count") == 1)
+    return (
+        firsts.withColumn("delivered_before", F.max("seq").over(before))
+        .where(F.col("seq") < F.col("delivered_before"))
+        .select(
+            "run",
+            "address",
+            "group",
+            "seq",
+            "delivered_before",
+            "consumer",
+            F.col("start").alias("n"),
+            F.col("start_ts").alias("ts"),
+        )
+    )
+
+
+def holding_periods(held: DataFrame) -> DataFrame:
+    """Each consumer's holds of a group merged into periods (gaps and islands)."""
+    mine = Window.partitionBy("run", "address", "group", "consumer").orderBy("start", "end")
+    earlier = mine.rowsBetween(Window.unboundedPreceding, -1)
+    marked = held.withColumn("reach", F.max("end").over(earlier)).withColumn(
+        "island_start", F.when(F.col("reach").isNull() | (F.col("start") > F.col("reach")), 1).otherwise(0)
+    )
+    numbered = marked.withColumn("island", F.sum("island_start").over(mine.rowsBetween(Window.unboundedPreceding, 0)))
+    return numbered.groupBy("run", "address", "group", "consumer", "island").agg(
+        F.min("start").alias("start"),
+        F.max("end").alias("end"),
+        F.min("start_ts").alias("start_ts"),
+        F.count(F.lit(1)).alias("messages"),
+    )
+
+
+def overlap_violations(held: DataFrame) -> DataFrame:
+    periods = holding_periods(held)
+    before = Window.partitionBy("run", "address", "group").orderBy("start").rowsBetween(Window.unboundedPreceding, -1)
+    # The earlier period reaching furthest: if it reaches past this start, it is another
+    # consumer's (one consumer's periods never overlap each other, they were merged).
+    reach = F.max(F.struct(F.col("end"), F.col("consumer"))).over(before)
+    return (
+        periods.withColumn("reach", reach)
+        .where(F.col("reach.end") > F.col("start"))
+        .select(
+            "run",
+            "address",
+            "group",
+            "consumer",
+            F.col("reach.consumer").alias("other_consumer"),
+            F.col("start").alias("n"),
+            F.col("start_ts").alias("ts"),
+            F.when(F.col("reach.end") < _FOREVER, F.col("reach.end")).alias("other_settled_n"),
+        )
+    )
+
+
+def audit_summary(held: DataFrame, order: DataFrame, overlap: DataFrame) -> DataFrame:
+    audited = held.groupBy("address").agg(
+        F.countDistinct("run", "group").alias("groups"),
+        F.sum((F.col("delivery_count") == 1).cast("long")).alias("first_deliveries"),
+        F.sum((F.col("delivery_count") > 1).cast("long")).alias("redeliveries"),
+    )
+    order_count = order.groupBy("address").agg(F.count(F.lit(1)).alias("order_violations"))
+    overlap_count = overlap.groupBy("address").agg(F.count(F.lit(1)).alias("overlap_violations"))
+    return (
+        audited.join(order_count, "address", "left")
+        .join(overlap_count, "address", "left")
+        .select(
+            "address",
+            "groups",
+            "first_deliveries",
+            "redeliveries",
+            F.coalesce("order_violations", F.lit(0)).alias("order_violations"),
+            F.coalesce("overlap_violations", F.lit(0)).alias("overlap_violations"),
+        )
+    )

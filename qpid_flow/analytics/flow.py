@@ -1,0 +1,131 @@
+"""Flow control from the event log: when each destination was stopped, and how full it got.
+
+- **periods**: one row per flow-stopped period (``flow_stopped`` to the next
+  ``flow_resumed`` of the same destination in the same run; a period still open when the
+  log ends is closed at the run's last event and marked ``open``);
+- **by destination**: ``flowStoppedCount`` (as ``qpid-flow stat`` counts it), total and
+  longest time stopped, producer-seconds blocked (each period's length times the producer
+  links it stopped), peak depth in messages and bytes, and the largest overshoot above the
+  stop threshold in force at the time (messages and bytes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+
+def flow_periods(events: DataFrame) -> DataFrame:
+    changes = events.where(F.col("event").isin("flow_stopped", "flow_resumed"))
+    in_order = Window.partitionBy("run", "address").orderBy("n")
+    changes = changes.select(
+        "run",
+        "address",
+        "event",
+        "ts",
+        "depth",
+        "bytes",
+        "producers",
+        "flowStopCount",
+        "flowResumeCount",
+        "flowStopSize",
+        "flowResumeSize",
+        F.lead("event").over(in_order).alias("next_event"),
+        F.lead("ts").over(in_order).alias("next_ts"),
+    )
+    run_end = events.groupBy("run").agg(F.max("ts").alias("run_end"))
+    stopped = changes.where(F.col("event") == "flow_stopped").join(run_end, "run")
+    is_open = F.col("next_event").isNull()
+    return stopped.select(
+        "run",
+        "address",
+        F.col("ts").alias("start"),
+        F.when(is_open, F.col("run_end")).otherwise(F.col("next_ts")).alias("end"),
+        (F.when(is_open, F.col("run_end")).otherwise(F.col("next_ts")) - F.col("ts")).alias("seconds"),
+        is_open.alias("open"),
+        F.col("depth").alias("depth_at_stop"),
+        F.col("bytes").alias("bytes_at_stop"),
+        "producers",
+        "flowStopCount",
+        "flowResumeCount",
+        "flowStopSize",
+        "flowResumeSize",
+    )
+
+
+def _thresholds_in_force(events: DataFrame) -> DataFrame:
+    """Depth-carrying events with the stop thresholds in force when they happened (the
+    last ones a ``destination`` or flow event of the same run announced)."""
+    so_far = Window.partitionBy("run", "address").orderBy("n").rowsBetween(Window.unboundedPreceding, 0)
+    with_depth = events.where(F.col("event").isin("enqueue", "settle", "flow_stopped", "flow_resumed", "destination"))
+    return with_depth.select(
+        "run",
+        "address",
+        "event",
+        "depth",
+        "bytes",
+        F.last("flowStopCount", ignorenulls=True).over(so_far).alias("stop_count"),
+        F.last("flowStopSize", ignorenulls=True).over(so_far).alias("stop_size"),
+    )
+
+
+def flow_by_destination(events: DataFrame, periods: DataFrame) -> DataFrame:
+    per_period = periods.groupBy("address").agg(
+        F.count(F.lit(1)).alias("flowStoppedCount"),
+        F.sum("seconds").alias("stopped_seconds"),
+        F.max("seconds").alias("longest_stop_seconds"),
+        F.sum(F.col("seconds") * F.coalesce(F.col("producers"), F.lit(0))).alias("producer_seconds_blocked"),
+        F.sum(F.col("open").cast("int")).alias("open_at_end"),
+    )
+    levels = _thresholds_in_force(events)
+    over_count = F.when(F.col("stop_count") > 0, F.col("depth") - F.col("stop_count"))
+    over_size = F.when(F.col("stop_size") > 0, F.col("bytes") - F.col("stop_size"))
+    peaks = levels.groupBy("address").agg(
+        F.max("depth").alias("peak_depth"),
+        F.max("bytes").alias("peak_bytes"),
+        F.greatest(F.max(over_count), F.lit(0)).alias("max_overshoot_count"),
+        F.greatest(F.max(over_size), F.lit(0)).alias("max_overshoot_bytes"),
+        F.max("stop_count").alias("flowStopCount"),
+        F.max("stop_size").alias("flowStopSize"),
+    )
+    messages = (
+        events.where(F.col("event") == "enqueue")
+        .groupBy("address")
+        .agg(F.count(F.lit(1)).alias("enqueued"), F.countDistinct("run").alias("runs"))
+    )
+    result = peaks.join(messages, "address", "left").join(per_period, "address", "left")
+    return result.select(
+        "address",
+        F.coalesce("runs", F.lit(0)).alias("runs"),
+        F.coalesce("enqueued", F.lit(0)).alias("enqueued"),
+        F.coalesce("flowStoppedCount", F.lit(0)).alias("flowStoppedCount"),
+        F.coalesce("stopped_seconds", F.lit(0.0)).alias("stopped_seconds"),
+        F.coalesce("longest_stop_seconds", F.lit(0.0)).alias("longest_stop_seconds"),
+        F.coalesce("producer_seconds_blocked", F.lit(0.0)).alias("producer_seconds_blocked"),
+        F.coalesce("open_at_end", F.lit(0)).alias("stopped_at_end"),
+        F.coalesce("peak_depth", F.lit(0)).alias("peak_depth"),
+        F.coalesce("peak_bytes", F.lit(0)).alias("peak_bytes"),
+        F.coalesce("flowStopCount", F.lit(0)).alias("flowStopCount"),
+        F.coalesce("flowStopSize", F.lit(0)).alias("flowStopSize"),
+        F.coalesce("max_overshoot_count", F.lit(0)).alias("max_overshoot_count"),
+        F.coalesce("max_overshoot_bytes", F.lit(0)).alias("max_overshoot_bytes"),
+    )
+
+
+def depth_series(events: DataFrame, addresses: list[str], points: int = 1200) -> list[Any]:
+    """Depth over time of ``addresses`` for plotting: at most ``points`` buckets per
+    destination, each with the highest depth in it (peaks must survive the thinning)."""
+    depths = events.where(F.col("address").isin(addresses) & F.col("depth").isNotNull())
+    span = depths.groupBy("address").agg(F.min("ts").alias("t0"), F.max("ts").alias("t1"))
+    width = F.greatest((F.col("t1") - F.col("t0")) / points, F.lit(1e-3))
+    bucketed = depths.join(span, "address").withColumn(
+        "bucket", F.floor((F.col("ts") - F.col("t0")) / width).cast("long")
+    )
+    return (
+        bucketed.groupBy("address", "run", "bucket")
+        .agg(F.min("ts").alias("ts"), F.max("depth").alias("depth"), F.max("bytes").alias("bytes"))
+        .select("address", "run", "ts", "depth", "bytes")
+        .collect()
+    )

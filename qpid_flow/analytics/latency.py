@@ -1,0 +1,72 @@
+"""Latency from the event log, per destination and over time.
+
+- **enqueue to delivery**: from a message's ``enqueue`` to its first ``deliver``;
+- **enqueue to settle**: from its ``enqueue`` to its last ``settle`` (the one that ended
+  it: a released message is settled again after its redelivery).
+
+Both in milliseconds, as p50 / p95 / p99 (Spark's ``percentile_approx``, accuracy 10,000:
+within 0.01 % of the rank), plus count, mean and max. Over time, the same in buckets of
+the enqueue time, sized so that the log's span makes at most about 60 of them.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+PERCENTILES = [0.5, 0.95, 0.99]
+_NICE_BUCKETS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400]
+
+
+def message_latencies(events: DataFrame) -> DataFrame:
+    """One row per enqueued message: its enqueue time and both latencies (ms, null when
+    the log ends before the message was delivered or settled)."""
+    enqueued = events.where(F.col("event") == "enqueue").select("run", "seq", "address", F.col("ts").alias("t_enqueue"))
+    delivered = events.where(F.col("event") == "deliver").groupBy("run", "seq").agg(F.min("ts").alias("t_deliver"))
+    settled = events.where(F.col("event") == "settle").groupBy("run", "seq").agg(F.max_by("ts", "n").alias("t_settle"))
+    joined = enqueued.join(delivered, ["run", "seq"], "left").join(settled, ["run", "seq"], "left")
+    return joined.select(
+        "address",
+        "t_enqueue",
+        ((F.col("t_deliver") - F.col("t_enqueue")) * 1000.0).alias("to_deliver_ms"),
+        ((F.col("t_settle") - F.col("t_enqueue")) * 1000.0).alias("to_settle_ms"),
+    )
+
+
+def _stats(column: str) -> list:
+    name = column.removesuffix("_ms")
+    return [
+        F.percentile_approx(column, PERCENTILES, 10000).alias(f"{name}_pct"),
+        F.count(column).alias(f"{name}_count"),
+        F.avg(column).alias(f"{name}_mean_ms"),
+        F.max(column).alias(f"{name}_max_ms"),
+    ]
+
+
+def _flatten(frame: DataFrame, keys: list[str]) -> DataFrame:
+    columns = [F.col(k) for k in keys]
+    for name in ("to_deliver", "to_settle"):
+        columns.append(F.col(f"{name}_count"))
+        for index, p in enumerate(PERCENTILES):
+            columns.append(F.col(f"{name}_pct")[index].alias(f"{name}_p{round(p * 100)}_ms"))
+        columns += [F.col(f"{name}_mean_ms"), F.col(f"{name}_max_ms")]
+    return frame.select(*columns)
+
+
+def latency_by_destination(latencies: DataFrame) -> DataFrame:
+    grouped = latencies.groupBy("address").agg(*_stats("to_deliver_ms"), *_stats("to_settle_ms"))
+    return _flatten(grouped, ["address"])
+
+
+def bucket_seconds(span_seconds: float, buckets: int = 60) -> int:
+    """The smallest 'nice' bucket width that cuts ``span_seconds`` into at most ``buckets``."""
+    for width in _NICE_BUCKETS:
+        if span_seconds / width <= buckets:
+            return width
+    return _NICE_BUCKETS[-1]
+
+
+def latency_over_time(latencies: DataFrame, width: int) -> DataFrame:
+    bucket = (F.floor(F.col("t_enqueue") / width) * width).alias("bucket_start")
+    grouped = latencies.groupBy("address", bucket).agg(*_stats("to_deliver_ms"), *_stats("to_settle_ms"))
+    return _flatten(grouped, ["address", "bucket_start"])

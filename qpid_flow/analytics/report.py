@@ -1,0 +1,423 @@
+"""``qpid-flow report EVENTS... --out DIR``: read event logs, analyse them on Spark, write
+tables (Parquet and CSV), PNG plots and ``index.html``.
+
+Also runnable by spark-submit, unchanged::
+
+    spark-submit --master spark://host:7077 qpid_flow/analytics/report.py EVENTS... --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from qpid_flow.analytics.inputs import InputError, expand_inputs
+
+TITLE = "qpid-flow report"
+STEPS = [
+    "reading events",
+    "flow control",
+    "latency",
+    "message-group audit",
+    "threshold advice",
+    "plots",
+    "page",
+]
+
+# Columns shown on the page (every column is in the CSV and Parquet files).
+FLOW_COLUMNS = [
+    "address",
+    "runs",
+    "enqueued",
+    "flowStoppedCount",
+    "stopped_seconds",
+    "longest_stop_seconds",
+    "producer_seconds_blocked",
+    "stopped_at_end",
+    "peak_depth",
+    "peak_bytes",
+    "flowStopCount",
+    "max_overshoot_count",
+    "max_overshoot_bytes",
+]
+LATENCY_COLUMNS = [
+    "address",
+    "to_deliver_count",
+    "to_deliver_p50_ms",
+    "to_deliver_p95_ms",
+    "to_deliver_p99_ms",
+    "to_settle_count",
+    "to_settle_p50_ms",
+    "to_settle_p95_ms",
+    "to_settle_p99_ms",
+    "to_settle_max_ms",
+]
+AUDIT_COLUMNS = ["address", "groups", "first_deliveries", "redeliveries", "order_violations", "overlap_violations"]
+ADVICE_COLUMNS = [
+    "address",
+    "max_count",
+    "stop_count",
+    "resume_count",
+    "peak_depth",
+    "max_overshoot_count",
+    "peak_producers",
+    "window_count",
+    "advised_stop_count",
+    "advised_resume_count",
+    "suggested_max_count",
+    "max_size",
+    "advised_stop_bytes",
+    "advised_resume_bytes",
+    "suggested_max_bytes",
+]
+
+
+@dataclass
+class ReportResult:
+    """What a report found, for the command's exit status and for tests."""
+
+    out: Path
+    events: int
+    runs: int
+    flow: list[dict[str, Any]] = field(default_factory=list)
+    latency: list[dict[str, Any]] = field(default_factory=list)
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    order_violations: list[dict[str, Any]] = field(default_factory=list)
+    overlap_violations: list[dict[str, Any]] = field(default_factory=list)
+    advice: list[dict[str, Any]] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    step_seconds: list[tuple[str, float]] = field(default_factory=list)
+
+
+def _rows(frame: Any) -> list[dict[str, Any]]:
+    return [row.asDict() for row in frame.collect()]
+
+
+class _Writer:
+    """Writes each result table as Parquet and CSV under ``out``, then reads it back: the
+    page and the caller get the computed rows without computing the table twice."""
+
+    def __init__(self, spark: Any, out: Path) -> None:
+        self.spark = spark
+        self.out = out
+
+    def save(self, name: str, frame: Any, order: Sequence[str]) -> list[dict[str, Any]]:
+        parquet = self.out / "parquet" / name
+        csv = self.out / "csv" / name
+        frame.write.mode("overwrite").parquet(str(parquet))
+        stored = self.spark.read.parquet(str(parquet))
+        # One sorted CSV file per table, for spreadsheets (the tables are small: one row
+        # per destination, per period or per violation).
+        stored.repartition(1).sortWithinPartitions(*order).write.mode("overwrite").option("header", True).csv(str(csv))
+        return _rows(stored.orderBy(*order))
+
+    def links(self, name: str) -> list[str]:
+        return [f"csv/{name}/", f"parquet/{name}/"]
+
+
+def load_events(spark: Any, paths: list[str]) -> tuple[Any, dict[str, int]]:
+    from pyspark.sql import functions as F
+
+    from qpid_flow.analytics.schema import EVENT_SCHEMA, SCHEMA_VERSION
+
+    raw = spark.read.schema(EVENT_SCHEMA).option("mode", "PERMISSIVE").json(paths)
+    counts = raw.groupBy(F.col("v")).count().collect()
+    by_version = {row["v"]: row["count"] for row in counts}
+    events = raw.where(F.col("v") == SCHEMA_VERSION).persist()
+    stats = {
+        "events": int(by_version.get(SCHEMA_VERSION, 0)),
+        "unreadable": int(by_version.get(None, 0)),
+        "other_versions": int(sum(c for v, c in by_version.items() if v not in (None, SCHEMA_VERSION))),
+    }
+    return events, stats
+
+
+def _plot_depths(
+    events: Any,
+    out: Path,
+    policies: dict[str, Any],
+    flow_rows: list[dict[str, Any]],
+    periods: list[dict[str, Any]],
+    max_plots: int,
+) -> list:
+    from qpid_flow.analytics import plots
+    from qpid_flow.analytics.flow import depth_series
+
+    ranked = sorted(flow_rows, key=lambda r: (-r["flowStoppedCount"], -r["peak_depth"], r["address"]))
+    chosen = [r["address"] for r in ranked[:max_plots]]
+    if not chosen:
+        return []
+    series: dict[str, dict[str, list[tuple[float, int]]]] = {a: {} for a in chosen}
+    for row in depth_series(events, chosen):
+        series[row["address"]].setdefault(row["run"], []).append((row["ts"], row["depth"]))
+    images = []
+    for row in ranked[:max_plots]:
+        address = row["address"]
+        policy = policies.get(address, {})
+        stopped = [(p["start"], p["end"]) for p in periods if p["address"] == address]
+        path = out / "plots" / f"depth-{plots.file_stem(address)}.png"
+        plots.depth_plot(
+            path,
+            address,
+            series[address],
+            stopped,
+            int(policy.get("stop_count") or row["flowStopCount"] or 0),
+            int(policy.get("resume_count") or 0),
+            int(policy.get("max_count") or 0),
+        )
+        images.append((f"plots/{path.name}", f"depth of {address}"))
+    return images
+
+
+def _plot_latency(out: Path, over_time: list[dict[str, Any]], addresses: list[str]) -> list:
+    from qpid_flow.analytics import plots
+
+    images = []
+    for address in addresses:
+        rows = [r for r in over_time if r["address"] == address]
+        if not rows:
+            continue
+        path = out / "plots" / f"latency-{plots.file_stem(address)}.png"
+        plots.latency_plot(path, address, rows)
+        images.append((f"plots/{path.name}", f"latency of {address}"))
+    return images
+
+
+def run_report(
+    spark: Any, inputs: list[str], out: Path, max_plots: int = 12, progress_out: Any = sys.stderr
+) -> ReportResult:
+    """Run every analysis of ``inputs`` (expanded paths) into ``out``."""
+    from pyspark.sql import functions as F
+
+    from qpid_flow.analytics import advice, audit, flow, latency
+    from qpid_flow.analytics.page import Section, Table, render_report
+    from qpid_flow.analytics.progress import Progress
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plots").mkdir(exist_ok=True)
+    page = out / "index.html"
+    writer = _Writer(spark, out)
+    with Progress(TITLE, STEPS, page, spark, progress_out) as progress:
+        progress.step("reading events")
+        events, counts = load_events(spark, inputs)
+        span = events.agg(F.min("ts"), F.max("ts"), F.countDistinct("run")).first()
+        t0, t1, runs = span[0], span[1], int(span[2] or 0)
+        result = ReportResult(out=out, events=counts["events"], runs=runs)
+
+        progress.step("flow control")
+        periods_frame = flow.flow_periods(events)
+        periods = writer.save("flow_periods", periods_frame, ["address", "start"])
+        result.flow = writer.save(
+            "flow_by_destination",
+            flow.flow_by_destination(events, spark.read.parquet(str(out / "parquet" / "flow_periods"))),
+            ["address"],
+        )
+
+        progress.step("latency")
+        latencies = latency.message_latencies(events).persist()
+        result.latency = writer.save("latency_by_destination", latency.latency_by_destination(latencies), ["address"])
+        width = latency.bucket_seconds((t1 - t0) if t0 is not None else 0.0)
+        over_time = writer.save(
+            "latency_over_time", latency.latency_over_time(latencies, width), ["address", "bucket_start"]
+        )
+        latencies.unpersist()
+
+        progress.step("message-group audit")
+        held = audit.holds(events).persist()
+        order = audit.order_violations(held)
+        overlap = audit.overlap_violations(held)
+        result.order_violations = writer.save("group_order_violations", order, ["address", "group", "n"])
+        result.overlap_violations = writer.save("group_overlap_violations", overlap, ["address", "group", "n"])
+        result.audit = writer.save(
+            "group_audit",
+            audit.audit_summary(
+                held,
+                spark.read.parquet(str(out / "parquet" / "group_order_violations")),
+                spark.read.parquet(str(out / "parquet" / "group_overlap_violations")),
+            ),
+            ["address"],
+        )
+        held.unpersist()
+
+        progress.step("threshold advice")
+        result.advice = writer.save(
+            "threshold_advice",
+            advice.threshold_advice(events, spark.read.parquet(str(out / "parquet" / "flow_by_destination"))),
+            ["address"],
+        )
+
+        progress.step("plots")
+        policies = {r["address"]: r for r in result.advice}
+        depth_images = _plot_depths(events, out, policies, result.flow, periods, max_plots)
+        busiest = [r["address"] for r in sorted(result.latency, key=lambda r: -(r["to_settle_count"] or 0))]
+        latency_images = _plot_latency(out, over_time, busiest[:max_plots])
+        result.plots = [src for src, _ in depth_images + latency_images]
+
+        progress.step("page")
+        events.unpersist()
+        total_order = sum(r["order_violations"] for r in result.audit)
+        total_overlap = sum(r["overlap_violations"] for r in result.audit)
+        healthy = total_order == 0 and total_overlap == 0
+        sections = [
+            Section(
+                "Flow control",
+                "One row per destination over every run. flowStoppedCount counts the times flow control "
+                "turned on (as qpid-flow stat does); producer seconds blocked = each stopped period's length "
+                "times the producer links it stopped; overshoot = depth above the stop threshold in force.",
+                tables=[
+                    Table("Per destination", result.flow, FLOW_COLUMNS, files=writer.links("flow_by_destination")),
+                    Table(
+                        "Flow-stopped periods",
+                        periods,
+                        ["address", "run", "start", "seconds", "open", "depth_at_stop", "producers", "flowStopCount"],
+                        files=writer.links("flow_periods"),
+                        limit=100,
+                    ),
+                ],
+                images=depth_images,
+            ),
+            Section(
+                "Latency",
+                f"Milliseconds from a message's enqueue to its first delivery and to its final settlement; "
+                f"over time in buckets of {width} s of enqueue time.",
+                tables=[
+                    Table(
+                        "Per destination", result.latency, LATENCY_COLUMNS, files=writer.links("latency_by_destination")
+                    ),
+                ],
+                images=latency_images,
+            ),
+            Section(
+                "Message-group audit",
+                "First deliveries must follow send order within a group (redeliveries are not counted); "
+                "two consumers must never hold unsettled messages of one group at the same time.",
+                verdict=(
+                    healthy,
+                    "No violation: every group was delivered in order, to one consumer at a time."
+                    if healthy
+                    else f"{total_order:,} order violation(s) and {total_overlap:,} overlap violation(s).",
+                ),
+                tables=[
+                    Table("Per grouped destination", result.audit, AUDIT_COLUMNS, files=writer.links("group_audit")),
+                    Table(
+                        "Order violations",
+                        result.order_violations,
+                        ["address", "group", "seq", "delivered_before", "consumer", "n", "ts"],
+                        files=writer.links("group_order_violations"),
+                    ),
+                    Table(
+                        "Overlap violations",
+                        result.overlap_violations,
+                        ["address", "group", "consumer", "other_consumer", "n", "ts", "other_settled_n"],
+                        files=writer.links("group_overlap_violations"),
+                    ),
+                ],
+            ),
+            Section(
+                "Threshold advice",
+                "Stop = max - max(credit windows of the producers attached at once, observed overshoot), "
+                "so that a destination "
+                "stays under its maximum even if every producer sends its window after the stop (seed 000); "
+                "resume keeps the configured stop:resume ratio (70:80 when none). Bytes use the largest message. "
+                "Without a maximum, a suggested maximum = observed peak + windows.",
+                tables=[
+                    Table("Per destination", result.advice, ADVICE_COLUMNS, files=writer.links("threshold_advice"))
+                ],
+            ),
+        ]
+        result.seconds = progress.finish()
+        result.step_seconds = progress.timings
+        summary = [
+            ("inputs", ", ".join(inputs[:5]) + (f" and {len(inputs) - 5} more" if len(inputs) > 5 else "")),
+            ("events read", f"{counts['events']:,} (schema v1)"),
+            ("unreadable lines", f"{counts['unreadable']:,}"),
+            ("other schema versions (skipped)", f"{counts['other_versions']:,}"),
+            ("runs (qpid-flow processes)", f"{runs:,}"),
+            ("from", _when(t0)),
+            ("to", _when(t1)),
+            (
+                "made",
+                f"{_when(time.time())} in {result.seconds:.1f} s, Spark {spark.version}, {spark.sparkContext.master}",
+            ),
+        ]
+        temporary = page.with_suffix(".tmp")
+        temporary.write_text(render_report(TITLE, summary, sections), encoding="utf-8")
+        temporary.replace(page)
+    return result
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "events", nargs="+", metavar="EVENTS", help="event log files, folders or glob patterns (.gz too)"
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="where the tables, plots and index.html go")
+    parser.add_argument("--master", metavar="URL", help="Spark master (default: local[*], tuned for small machines)")
+    parser.add_argument("--driver-memory", default="2g", metavar="SIZE", help="local mode driver memory (default 2g)")
+    parser.add_argument("--max-plots", type=int, default=12, metavar="N", help="destinations plotted (default 12)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        inputs = expand_inputs(args.events)
+    except InputError as exc:
+        print(f"qpid-flow report: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print(
+            "qpid-flow report: PySpark is not installed: pip install 'qpid-flow[analytics]' (and a Java runtime)",
+            file=sys.stderr,
+        )
+        return 2
+    if shutil.which("java") is None and not _java_home():
+        print(
+            "qpid-flow report: no Java runtime found (Spark needs one): install openjdk-17-jre-headless",
+            file=sys.stderr,
+        )
+        return 2
+    from qpid_flow.analytics.session import build_session
+
+    spark = build_session(args.master, args.driver_memory)
+    try:
+        result = run_report(spark, inputs, Path(args.out), args.max_plots)
+    finally:
+        spark.stop()
+    violations = len(result.order_violations) + len(result.overlap_violations)
+    print(
+        f"report: {result.events:,} events, {result.runs} run(s), {len(result.flow)} destination(s), "
+        f"{violations} group violation(s), {result.seconds:.1f} s -> {Path(args.out) / 'index.html'}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _java_home() -> bool:
+    import os
+
+    home = os.environ.get("JAVA_HOME")
+    return bool(home and Path(home, "bin", "java").exists())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="qpid-flow report", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

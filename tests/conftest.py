@@ -1,0 +1,5 @@
+"""Fixtures shared by unit and integration tests."""
+
+from tests.spark import spark
+
+__all__ = ["spark"]

@@ -1,0 +1,224 @@
+"""The analytics pipeline (``qpid-flow report``), run for real on local Spark against
+event logs whose answers are known (qpid_flow.analytics.synthetic)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qpid_flow.analytics.inputs import InputError, expand_inputs
+from qpid_flow.analytics.latency import bucket_seconds
+from qpid_flow.analytics.report import run_report
+from qpid_flow.analytics.synthetic import FLOWED, GROUPED, generate
+
+
+def by_address(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {row["address"]: row for row in rows}
+
+
+# --- inputs (no Spark) ----------------------------------------------------------------------
+
+
+def test_inputs_expand_files_folders_and_globs(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    for name in ("a/events.jsonl", "a/events.jsonl.1", "a/events.jsonl.2.gz", "b.jsonl", "a/.hidden", "a/_SUCCESS"):
+        (tmp_path / name).write_text("{}\n")
+    found = expand_inputs([str(tmp_path / "a"), str(tmp_path / "*.jsonl"), str(tmp_path / "b.jsonl")])
+    assert [Path(p).name for p in found] == ["events.jsonl", "events.jsonl.1", "events.jsonl.2.gz", "b.jsonl"]
+    with pytest.raises(InputError, match="does not exist"):
+        expand_inputs([str(tmp_path / "nope.jsonl")])
+    with pytest.raises(InputError, match="matches no file"):
+        expand_inputs([str(tmp_path / "*.log")])
+
+
+def test_bucket_widths_are_round_numbers() -> None:
+    assert bucket_seconds(30) == 1
+    assert bucket_seconds(3600) == 60
+    assert bucket_seconds(7 * 86400) == 21600  # a week in 28 buckets of 6 h
+    assert bucket_seconds(365 * 86400) == 86400  # the widest bucket, whatever the span
+
+
+def test_a_missing_events_file_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "qpid_flow", "report", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"qpid-flow report: EVENTS: {str(tmp_path / 'none.jsonl')!r} does not exist"
+    ]
+
+
+def test_serving_never_imports_pyspark() -> None:
+    code = "import sys, qpid_flow.cli, qpid_flow.server; print('pyspark' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+# --- the pipeline on Spark ------------------------------------------------------------------
+
+
+def test_injected_violations_are_all_found_and_nothing_else(spark: Any, tmp_path: Path) -> None:
+    expected = generate(
+        tmp_path / "logs", runs=3, messages=3000, groups=40, consumers=4, inject_order=7, inject_overlap=5, seed=7
+    )
+    assert len(expected.order) == 7 and len(expected.overlap) == 5
+    result = run_report(spark, expand_inputs([str(tmp_path / "logs")]), tmp_path / "out")
+
+    assert result.events == expected.events and result.runs == 3
+    found_order = {(r["address"], r["group"], r["seq"]) for r in result.order_violations}
+    found_overlap = {(r["address"], r["group"], r["consumer"]) for r in result.overlap_violations}
+    assert found_order == expected.order
+    assert found_overlap == expected.overlap
+    audit = by_address(result.audit)
+    assert set(audit) == {GROUPED}, "only the grouped destination is audited"
+    assert audit[GROUPED]["order_violations"] == 7 and audit[GROUPED]["overlap_violations"] == 5
+    # Released messages delivered again are counted apart, never as order violations.
+    assert audit[GROUPED]["redeliveries"] == expected.redeliveries > 0
+    assert audit[GROUPED]["first_deliveries"] == 3 * 3000
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "7 order violation(s) and 5 overlap violation(s)" in page
+
+
+def test_flow_control_statistics_match_the_log(spark: Any, tmp_path: Path) -> None:
+    # Seed 000's numbers: max 1000, stop 900, resume 500; four stop/resume cycles per run.
+    expected = generate(
+        tmp_path / "logs", runs=2, messages=200, groups=10, flow_cycles=4, stop=900, resume=500, maximum=1000
+    )
+    result = run_report(spark, expand_inputs([str(tmp_path / "logs")]), tmp_path / "out")
+    flow = by_address(result.flow)[FLOWED]
+    assert flow["flowStoppedCount"] == expected.flow_stopped[FLOWED] == 8
+    assert flow["peak_depth"] == 901 and flow["peak_bytes"] == 901 * 50
+    assert flow["max_overshoot_count"] == 1  # the transfer that crossed 900
+    assert flow["flowStopCount"] == 900
+    assert flow["stopped_at_end"] == 0
+    assert 0 < flow["longest_stop_seconds"] <= flow["stopped_seconds"]
+    # Two producers were attached through every stopped period.
+    assert flow["producer_seconds_blocked"] == pytest.approx(2 * flow["stopped_seconds"])
+    assert by_address(result.flow)[GROUPED]["flowStoppedCount"] == 0
+    # The periods table, as CSV: a header and one row per stopped period.
+    csv_files = list((tmp_path / "out" / "csv" / "flow_periods").glob("*.csv"))
+    assert len(csv_files) == 1 and len(csv_files[0].read_text().splitlines()) == 1 + 8
+
+
+def test_threshold_advice_uses_the_producers_windows(spark: Any, tmp_path: Path) -> None:
+    """Seed 000's example: windows of 50 and 15 can overshoot a stop threshold by 65, so on
+    a destination of max 200 the stop threshold that cannot overflow is 135."""
+    log = tmp_path / "logs" / "events.jsonl"
+    log.parent.mkdir()
+    records = [
+        {
+            "event": "destination",
+            "maxCount": 200,
+            "maxSize": 0,
+            "flowStopCount": 100,
+            "flowResumeCount": 70,
+            "flowStopSize": 0,
+            "flowResumeSize": 0,
+            "limitPolicy": "flow",
+            "grouped": False,
+            "producerWindow": 100,
+        },
+        {"event": "producer_attached", "producer": 1, "window": 50},
+        {"event": "producer_attached", "producer": 2, "window": 15},
+        {"event": "enqueue", "seq": 1, "size": 10, "depth": 1, "bytes": 10},
+        {"event": "producer_detached", "producer": 1},
+        {"event": "producer_attached", "producer": 3, "window": 15},
+    ]
+    with log.open("w") as out:
+        for n, record in enumerate(records, 1):
+            out.write(json.dumps({"v": 1, "ts": 1000.0 + n, "run": "r", "n": n, "address": "q", **record}) + "\n")
+    result = run_report(spark, [str(log)], tmp_path / "out")
+    advice = by_address(result.advice)["q"]
+    assert advice["peak_producers"] == 2
+    assert advice["window_count"] == 65
+    assert advice["advised_stop_count"] == 135
+    assert advice["advised_resume_count"] == 94  # keeps the configured 70:100 ratio
+    assert advice["max_count_fits_windows"] is True
+
+
+def test_latency_percentiles(spark: Any, tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl.gz"
+    with gzip.open(log, "wt") as out:
+        n = 0
+        for i in range(1, 101):
+            for event, ts in (("enqueue", 0.0), ("deliver", i / 1000), ("settle", 2 * i / 1000)):
+                n += 1
+                record = {"v": 1, "ts": 5000.0 + i + ts, "run": "r", "n": n, "event": event, "address": "lat", "seq": i}
+                out.write(json.dumps(record) + "\n")
+        out.write("not json at all\n")
+        out.write(json.dumps({"v": 2, "ts": 1.0, "run": "r", "n": 0, "event": "enqueue", "address": "x"}) + "\n")
+    result = run_report(spark, [str(log)], tmp_path / "out")
+    row = by_address(result.latency)["lat"]
+    assert row["to_deliver_count"] == row["to_settle_count"] == 100
+    assert row["to_deliver_p50_ms"] == pytest.approx(50, abs=1)
+    assert row["to_deliver_p99_ms"] == pytest.approx(99, abs=1)
+    assert row["to_settle_p95_ms"] == pytest.approx(190, abs=2)
+    assert row["to_settle_max_ms"] == pytest.approx(200, abs=0.01)
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "unreadable lines</th><td>1</td>" in page
+    assert "other schema versions (skipped)</th><td>1</td>" in page
+
+
+def test_a_healthy_log_reports_no_violation_and_the_page_renders(spark: Any, tmp_path: Path) -> None:
+    generate(tmp_path / "logs", runs=1, messages=2000, groups=30, seed=3, gzip_files=True)
+    out = tmp_path / "out"
+    result = run_report(spark, expand_inputs([str(tmp_path / "logs")]), out)
+    assert result.order_violations == [] and result.overlap_violations == []
+    page = (out / "index.html").read_text()
+    assert "No violation" in page and "refresh" not in page
+    assert {Path(p).name for p in result.plots} >= {f"depth-{FLOWED}.png", f"latency-{GROUPED}.png"}
+    for name in result.plots:
+        assert (out / name).stat().st_size > 5000
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert chromium_loads_every_image(out / "index.html", tmp_path / "screenshot.png") == len(result.plots)
+
+
+def chromium_loads_every_image(page: Path, screenshot: Path) -> int:
+    """Open ``page`` in headless Chromium; return how many images loaded (fails if any is
+    broken), and leave a screenshot. The check script goes into a copy of the page."""
+    browser = shutil.which("chromium") or "/usr/lib/chromium/chromium"
+    assert Path(browser).exists(), "chromium is installed by .ci/install-deps"
+    probe = page.with_name("index-check.html")
+    script = (
+        "<script>window.addEventListener('load', () => { const imgs = [...document.images];"
+        " const bad = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute('src'));"
+        " document.body.setAttribute('data-img-check', bad.length ? 'broken:' + bad.join(',') : 'ok:' + imgs.length);"
+        " });</script>"
+    )
+    probe.write_text(page.read_text().replace("</body>", script + "</body>"))
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--hide-scrollbars",
+        f"--user-data-dir={page.parent / '.chromium'}",
+    ]
+    dom = subprocess.run(
+        [browser, *flags, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [browser, *flags, f"--screenshot={screenshot}", "--window-size=1200,3000", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
+    probe.unlink()
+    marker = dom.stdout.split('data-img-check="', 1)[1].split('"', 1)[0] if "data-img-check" in dom.stdout else ""
+    assert marker.startswith("ok:"), f"images did not load: {marker or dom.stderr[-2000:]}"
+    assert screenshot.exists() and screenshot.stat().st_size > 10000
+    return int(marker.split(":")[1])
