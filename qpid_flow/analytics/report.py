@@ -131,7 +131,9 @@ def load_events(spark: Any, paths: list[str]) -> tuple[Any, dict[str, int]]:
     raw = spark.read.schema(EVENT_SCHEMA).option("mode", "PERMISSIVE").json(paths)
     counts = raw.groupBy(F.col("v")).count().collect()
     by_version = {row["v"]: row["count"] for row in counts}
-    events = raw.where(F.col("v") == SCHEMA_VERSION).persist()
+    # Logs written before the event number existed are ordered by time (microseconds).
+    numbered = F.coalesce(F.col("n"), (F.col("ts") * 1_000_000).cast("long"))
+    events = raw.where(F.col("v") == SCHEMA_VERSION).withColumn("n", numbered).persist()
     stats = {
         "events": int(by_version.get(SCHEMA_VERSION, 0)),
         "unreadable": int(by_version.get(None, 0)),
@@ -392,11 +394,16 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     from qpid_flow.analytics.session import build_session
 
-    spark = build_session(args.master, args.driver_memory)
     try:
-        result = run_report(spark, inputs, Path(args.out), args.max_plots)
-    finally:
-        spark.stop()
+        spark = build_session(args.master, args.driver_memory)
+        try:
+            result = run_report(spark, inputs, Path(args.out), args.max_plots)
+        finally:
+            spark.stop()
+    except Exception as exc:  # Spark's errors are long Java traces: say what failed, in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"qpid-flow report: Spark failed: {first}", file=sys.stderr)
+        return 1
     violations = len(result.order_violations) + len(result.overlap_violations)
     print(
         f"report: {result.events:,} events, {result.runs} run(s), {len(result.flow)} destination(s), "
