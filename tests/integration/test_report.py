@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import csv
 import json
-import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ import pytest
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
 from .test_flow_control import seed_config, wait_until_quiet
-from .test_groups import group_messages, grouped_config, read_records, start_consumer, wait_all
+from .test_groups import group_messages, grouped_config, kill_after, read_records, start_consumer, wait_all
 
 pytestmark = pytest.mark.integration
 
@@ -71,11 +69,7 @@ def test_the_report_of_a_real_run_matches_stat_and_finds_no_group_violation(qpid
     sender = Producer(router.url, grouped, group_messages(20, 50, 0, 1), timeout=120)
     sending = threading.Thread(target=run_all, args=(sender,), kwargs={"timeout": 120})
     sending.start()
-    victim_log = tmp_path / "victim.log"
-    deadline = time.monotonic() + 60
-    while (not victim_log.exists() or victim_log.read_text().count("S ") < 100) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    consumers["victim"].send_signal(signal.SIGKILL)
+    kill_after(consumers["victim"], tmp_path / "victim.log", 100)
     sending.join(120)
     wait_all([consumers["c0"], consumers["c1"]], 120)
     processed = {(group, seq) for name in names for kind, group, seq, _ in read_records(tmp_path / f"{name}.log")}
