@@ -82,6 +82,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, help="rounds per scenario (default 3, --quick 1)")
     parser.add_argument("--size", type=float, default=1.0, help="multiply every message count by this")
     parser.add_argument("--connections", type=int, default=1000, help="connections in the scale scenario")
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        help="pace scenario 3 at this rate (default: half of 2(d) measured in the same run, else 2,000)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here (e.g. bench/results/latest.json)")
     parser.add_argument("--workdir", type=Path, help="keep every process's log here")
     args = parser.parse_args()
@@ -102,6 +107,7 @@ def main() -> int:
         quick=args.quick,
         size_factor=args.size,
         connections=args.connections,
+        latency_rate=args.latency_rate,
     )
     meta = machine_info()
     meta.update(rounds=ctx.rounds, quick=args.quick, size=args.size, scenarios=names)

@@ -74,6 +74,7 @@ class Context:
     quick: bool
     size_factor: float
     connections: int
+    latency_rate: float | None = None  # --latency-rate: pace scenario 3 at this rate
     log: Callable[[str], None] = print
     examples: ProtonCExamples | None = None
     broker: RabbitMQBroker | None = None
@@ -583,6 +584,8 @@ def latency_rate(ctx: Context) -> tuple[float, str]:
     """Half of the saturated rate through qpid-flow in front of RabbitMQ (2d), when that
     was measured in this run; capped at 80 % of what the Python clients sustained through
     qpid-flow (scenario 1), so that the paced producer is not itself the bottleneck."""
+    if ctx.latency_rate:
+        return ctx.latency_rate, "--latency-rate"
     saturated_runs = ctx.previous.get("saturated", {}).get("runs", {})
     sat = median_of(saturated_runs.get("d_qpid_flow_rabbitmq", []), "rate")
     if sat is None:
