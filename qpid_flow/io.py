@@ -9,10 +9,14 @@ machinery cost more than qpid-flow's own work.
 
 - :class:`BatchingIOHandler` notes which transports changed and updates each once per
   turn of the reactor, when no other event is left (only the state at ``select()``
-  matters).
-- :class:`RelayContainer` hands ``PN_DELIVERY`` straight to the handler of its
-  connection and ``PN_TRANSPORT`` to the batching handler, from the raw engine event;
-  every other event is dispatched the usual way.
+  matters); it writes pending output at once rather than a turn later, and serves the
+  sockets ``select()`` reports in the turn itself rather than through a posted event each.
+- :class:`RelayContainer` hands ``PN_DELIVERY`` and ``PN_LINK_FLOW`` straight to the
+  handler of their connection, ``PN_TRANSPORT`` to the batching handler and the end of a
+  turn (``reactor_quiesced``) to the I/O handler, from the raw engine event; every other
+  event is dispatched the usual way.
+- Deliveries are wrapped lean (:class:`LeanDelivery`) and links come from the wrappers
+  the router already holds (:func:`keep_link`).
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from typing import Any
 
 from cproton import (
     PN_DELIVERY,
+    PN_LINK_FLOW,
     PN_TRANSPORT,
     isnull,
+    pn_collector_more,
     pn_collector_peek,
     pn_collector_pop,
     pn_delivery,
@@ -32,6 +38,7 @@ from cproton import (
     pn_delivery_local,
     pn_delivery_remote,
     pn_event_delivery,
+    pn_event_link,
     pn_event_transport,
     pn_event_type,
     pn_link_session,
@@ -42,9 +49,28 @@ from proton._selectable import Selectable
 from proton.handlers import IOHandler
 from proton.reactor import Container
 
-__all__ = ["BatchingIOHandler", "DeliveryEvent", "LeanDelivery", "RelayContainer", "keep_link", "new_delivery"]
+__all__ = [
+    "BatchingIOHandler",
+    "DeliveryEvent",
+    "LeanDelivery",
+    "LinkFlowEvent",
+    "RelayContainer",
+    "keep_link",
+    "new_delivery",
+]
 
 log = logging.getLogger(__name__)
+
+
+_QUIESCED = Event.REACTOR_QUIESCED.number
+
+
+def _only_quiesced_left(collector: Any) -> bool:
+    """Proton's ``reactor.quiesced`` without wrapping the head event in Python objects."""
+    head = pn_collector_peek(collector)
+    if isnull(head):
+        return True
+    return not pn_collector_more(collector) and pn_event_type(head) == _QUIESCED
 
 
 class _SelectableEvent:
@@ -138,7 +164,11 @@ class BatchingIOHandler(IOHandler):
             self.on_selectable_error(_SelectableEvent(selectable))
 
     def on_reactor_quiesced(self, event: Any) -> None:
-        reactor = event.reactor
+        self.quiesce(event.reactor)
+
+    def quiesce(self, reactor: Any) -> None:
+        """The end of a reactor turn: write and update what changed, then wait for I/O or
+        a timer (``select``) and serve what is ready."""
         dirty = self._dirty
         if dirty:
             transports = list(dirty.values())
@@ -149,7 +179,7 @@ class BatchingIOHandler(IOHandler):
                 if selectable and not selectable.is_terminal:
                     self._flush(transport, selectable)
                     self.update(transport, selectable, now)
-        if not reactor.quiesced:
+        if not _only_quiesced_left(reactor._collector._impl):
             return  # the updates posted events: the reactor handles them, then quiesces again
         _ = reactor.timer_deadline  # drops cancelled timers, as Proton's handler does
         readable, writable, expired = self._selector.select(reactor.timeout)
@@ -256,6 +286,21 @@ class DeliveryEvent:
         return Link.wrap(self.link_impl) if link is None else link
 
 
+class LinkFlowEvent:
+    """What a handler reads from a ``PN_LINK_FLOW`` event: the link (the wrapper already
+    held, see :func:`keep_link`)."""
+
+    __slots__ = ("link_impl",)
+
+    def __init__(self, link_impl: Any) -> None:
+        self.link_impl = link_impl
+
+    @property
+    def link(self) -> Link:
+        link = _links.get(self.link_impl)
+        return Link.wrap(self.link_impl) if link is None else link
+
+
 class RelayContainer(Container):
     """A Proton container whose two most frequent events take a short path.
 
@@ -291,6 +336,7 @@ class RelayContainer(Container):
         handlers = self._connection_handlers
         default: Any = self._handler
         mark_dirty = self._io.mark_dirty
+        quiesce = self._io.quiesce
         while True:
             if self._yield:  # type: ignore[has-type]
                 self._yield = False
@@ -309,6 +355,19 @@ class RelayContainer(Container):
             elif kind == PN_TRANSPORT:
                 mark_dirty(pn_event_transport(raw))
                 self._previous = None
+            elif kind == PN_LINK_FLOW:
+                # Credit changed: about one per message relayed. Only the link's
+                # connection handler acts on it (the I/O handler does not).
+                link_impl = pn_event_link(raw)
+                handler = handlers.get(pn_session_connection(pn_link_session(link_impl)), default)
+                on_link_flow = getattr(handler, "on_link_flow", None)
+                if on_link_flow is not None:
+                    on_link_flow(LinkFlowEvent(link_impl))
+                self._previous = None
+            elif kind == _QUIESCED:
+                # The turn's end, posted by Proton's loop; only the I/O handler acts on it.
+                quiesce(self)
+                self._previous = Event.REACTOR_QUIESCED
             else:
                 # Any other event, one at a time, the way Proton dispatches it.
                 event = Event.wrap(raw)
