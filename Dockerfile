@@ -14,9 +14,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY qpid_flow ./qpid_flow
 COPY plugins ./plugins
-# Wheels for qpid-flow and every dependency, test extra included, so the later stages install
-# offline and without a compiler.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[test]'
+# Wheels for qpid-flow and every dependency, test and analytics extras included, so the later
+# stages install offline and without a compiler.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[test,analytics]'
 
 FROM python:3.11-slim-bookworm AS runtime
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
@@ -32,12 +32,13 @@ USER root
 # The `rabbitmq` fixture uses the compose broker (QPID_FLOW_TEST_BROKER_URL), but kill/restart
 # tests (`fresh_rabbitmq`) start a private RabbitMQ they control, and load tests build the
 # Proton C example clients: both need these packages in the test image.
+# The report tests run Spark (a Java runtime) and open the report in headless Chromium.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends rabbitmq-server libqpid-proton11-dev \
-      libqpid-proton11-dev-examples pkg-config gcc libc6-dev \
+      libqpid-proton11-dev-examples pkg-config gcc libc6-dev openjdk-17-jre-headless chromium \
  && rm -rf /var/lib/apt/lists/*
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels 'qpid-flow[test]'
+    pip install --no-cache-dir --no-index --find-links /wheels 'qpid-flow[test,analytics]'
 WORKDIR /src
 COPY pyproject.toml ./
 COPY tests ./tests
