@@ -225,6 +225,11 @@ def declare_durable_queue(broker_url: str, name: str) -> None:
 def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_flow_process) -> None:
     queue = unique("survive")
     declare_durable_queue(fresh_rabbitmq.url, queue)
+    # The crash must hit a broker whose queue is on disk: Mnesia may still hold the
+    # declaration in its log's write buffer (delayed write, up to ~2 s), and a SIGKILL then
+    # loses the queue itself (seen once in CI: NOT_FOUND for the rest of the test).
+    synced = fresh_rabbitmq.ctl("eval", "mnesia:sync_log().")
+    assert synced.returncode == 0, synced.stderr
     address = f"/amq/queue/{queue}"
     router = qpid_flow_process(broker_url=fresh_rabbitmq.url, config_text='reconnect_max_delay = "1s"\n')
     messages = []
