@@ -210,6 +210,12 @@ class BatchingIOHandler(IOHandler):
 _links: weakref.WeakValueDictionary[Any, Link] = weakref.WeakValueDictionary()
 
 
+def _link_of(link_impl: Any) -> Link:
+    """The wrapper of a C link: the one already held (see :func:`keep_link`), else a new one."""
+    link = _links.get(link_impl)
+    return Link.wrap(link_impl) if link is None else link
+
+
 class LeanDelivery(Delivery):
     """A Proton ``Delivery`` whose local and remote dispositions are wrapped when first
     read rather than when the delivery is.
@@ -228,9 +234,7 @@ class LeanDelivery(Delivery):
         # Every delivery event asks for its link: hand back the wrapper someone already
         # holds (the router and the upstream keep one per link, see keep_link) instead of
         # wrapping it again.
-        impl = pn_delivery_link(self._impl)
-        link = _links.get(impl)
-        return Link.wrap(impl) if link is None else link
+        return _link_of(pn_delivery_link(self._impl))
 
     @property
     def local(self) -> Disposition:
@@ -282,8 +286,7 @@ class DeliveryEvent:
 
     @property
     def link(self) -> Link:
-        link = _links.get(self.link_impl)
-        return Link.wrap(self.link_impl) if link is None else link
+        return _link_of(self.link_impl)
 
 
 class LinkFlowEvent:
@@ -297,8 +300,7 @@ class LinkFlowEvent:
 
     @property
     def link(self) -> Link:
-        link = _links.get(self.link_impl)
-        return Link.wrap(self.link_impl) if link is None else link
+        return _link_of(self.link_impl)
 
 
 class RelayContainer(Container):

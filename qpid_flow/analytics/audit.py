@@ -19,11 +19,16 @@ A healthy log has no row in either table.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
 # "Held until the log ends": later than any event number.
 _FOREVER = 2**62
+
+
+def _earlier_in_group() -> WindowSpec:
+    """Every row of the same run, destination and group that starts before this one."""
+    return Window.partitionBy("run", "address", "group").orderBy("start").rowsBetween(Window.unboundedPreceding, -1)
 
 
 def grouped_destinations(events: DataFrame) -> DataFrame:
@@ -68,7 +73,7 @@ def holds(events: DataFrame) -> DataFrame:
 
 
 def order_violations(held: DataFrame) -> DataFrame:
-    before = Window.partitionBy("run", "address", "group").orderBy("start").rowsBetween(Window.unboundedPreceding, -1)
+    before = _earlier_in_group()
     firsts = held.where(F.col("delivery_count") == 1)
     return (
         firsts.withColumn("delivered_before", F.max("seq").over(before))
@@ -104,7 +109,7 @@ def holding_periods(held: DataFrame) -> DataFrame:
 
 def overlap_violations(held: DataFrame) -> DataFrame:
     periods = holding_periods(held)
-    before = Window.partitionBy("run", "address", "group").orderBy("start").rowsBetween(Window.unboundedPreceding, -1)
+    before = _earlier_in_group()
     # The earlier period reaching furthest: if it reaches past this start, it is another
     # consumer's (one consumer's periods never overlap each other, they were merged).
     reach = F.max(F.struct(F.col("end"), F.col("consumer"))).over(before)
