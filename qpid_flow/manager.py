@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 import pluggy
@@ -61,6 +62,20 @@ def build_plugin_manager(disabled: Iterable[str] = ()) -> pluggy.PluginManager:
     return pm
 
 
+def _positional(function: Callable[..., Any], names: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
+    """``function`` called with the keyword arguments it names, taken from a dict, in order.
+
+    ``operator.itemgetter`` picks them in C; one or no argument (most hooks) needs no
+    tuple at all."""
+    if not names:
+        return lambda _kwargs: function()
+    if len(names) == 1:
+        (name,) = names
+        return lambda kwargs: function(kwargs[name])
+    pick = itemgetter(*names)
+    return lambda kwargs: function(*pick(kwargs))
+
+
 def _direct(caller: Any) -> Callable[..., Any] | None:
     """A plain-Python caller equivalent to pluggy's for this hook, or None if it needs pluggy.
 
@@ -73,17 +88,17 @@ def _direct(caller: Any) -> Callable[..., Any] | None:
     if any(impl.hookwrapper or impl.wrapper for impl in impls):
         return None
     firstresult = bool(caller.spec and caller.spec.opts.get("firstresult"))
-    ordered = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
+    ordered = [_positional(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
     if len(ordered) == 1:
-        function, names = ordered[0]
+        (only,) = ordered
         if firstresult:
-            return lambda **kwargs: function(*[kwargs[name] for name in names])
-        return lambda **kwargs: [function(*[kwargs[name] for name in names])]
+            return lambda **kwargs: only(kwargs)
+        return lambda **kwargs: [only(kwargs)]
     if firstresult:
 
         def first(**kwargs: Any) -> Any:
-            for function, names in ordered:
-                result = function(*[kwargs[name] for name in names])
+            for call in ordered:
+                result = call(kwargs)
                 if result is not None:
                     return result
             return None
@@ -92,8 +107,8 @@ def _direct(caller: Any) -> Callable[..., Any] | None:
 
     def collect(**kwargs: Any) -> list[Any]:
         results = []
-        for function, names in ordered:
-            result = function(*[kwargs[name] for name in names])
+        for call in ordered:
+            result = call(kwargs)
             if result is not None:
                 results.append(result)
         return results
@@ -154,6 +169,11 @@ class Hooks:
         )
         self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, "qpid_flow_settlement_delay", False)
         self.consumer_select = _guarded(h.qpid_flow_consumer_select, "qpid_flow_consumer_select", Hold("policy error"))
+
+    def listened(self, *notifications: str) -> bool:
+        """Whether some plugin implements one of these notification hooks (by attribute
+        name, e.g. ``"group_assigned"``): a caller may skip preparing what nobody reads."""
+        return any(getattr(self, name) is not _noop for name in notifications)
 
     @staticmethod
     def _notify(caller: Any) -> Callable[..., Any]:
