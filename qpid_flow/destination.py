@@ -73,6 +73,11 @@ class Destination:
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
+    @property
+    def hooks(self) -> Hooks:
+        """The hooks this destination calls (for the queues and policies plugins install)."""
+        return self._hooks
+
     # --- room ---------------------------------------------------------------------------
 
     def has_room_for(self, message: Message) -> bool:

@@ -9,6 +9,7 @@ group (the one owning the fewest groups, then the one with the most credit), enf
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,10 @@ class Plugin:
             self._default_group,
             self._clock,
             lambda event, group, consumer: self._group_event(destination, event, group, consumer),
+            # Assignments and releases go to the debug log and two hooks: skip them (two
+            # calls per message with many short groups) when neither is read.
+            ownership_events=log.is_enabled_for(logging.DEBUG)
+            or destination.hooks.listened("group_assigned", "group_released"),
         )
         for consumer in destination.consumers:
             for message in sorted(consumer.held.values(), key=lambda m: m.sequence):
@@ -89,7 +94,7 @@ class Plugin:
         log.info("groups_enabled", address=address, group_header=destination.policy.group_header or "group-id")
 
     def _group_event(self, destination: Destination, event: str, group: str, consumer: Consumer) -> None:
-        hooks = self._control.hooks if self._control is not None else None
+        hooks = destination.hooks
         if event == "out_of_order":
             log.warning(
                 "group_out_of_order",
@@ -101,12 +106,10 @@ class Plugin:
             return
         if event == "assigned":
             log.debug("group_assigned", address=destination.address, group=group, consumer=consumer.id)
-            if hooks is not None:
-                hooks.group_assigned(destination=destination, group=group, consumer=consumer)
+            hooks.group_assigned(destination=destination, group=group, consumer=consumer)
             return
         log.debug("group_released", address=destination.address, group=group, consumer=consumer.id, reason=event)
-        if hooks is not None:
-            hooks.group_released(destination=destination, group=group, consumer=consumer, reason=event)
+        hooks.group_released(destination=destination, group=group, consumer=consumer, reason=event)
 
     @hookimpl
     def qpid_flow_consumer_select(self, destination: Destination, consumers: list[Consumer]) -> Consumer | None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import gc
+import logging
 import tracemalloc
 from typing import Any
 
 import pytest
+import structlog
 from proton import Message as ProtonMessage
 
+from qpid_flow import hookimpl
 from qpid_flow.config import DestinationPolicy
 from qpid_flow.destination import Destination
-from qpid_flow.groups import DEFAULT_GROUP, GroupedQueue, group_key
+from qpid_flow.groups import DEFAULT_GROUP, GroupedQueue, _Heads, group_key
 from qpid_flow.manager import Hooks, build_plugin_manager
 from qpid_flow.model import Consumer, Message, Settlement
 
@@ -219,3 +222,81 @@ def test_accepting_past_a_released_message_is_reported_as_out_of_order() -> None
     dest.settle(consumer, a2, Settlement.accepted())
     assert ("out_of_order", "A") in events
     assert events[-1] == ("settled", "A"), "then the group is free"
+
+
+def test_heads_come_out_smallest_first_however_they_were_offered() -> None:
+    import random
+
+    rng = random.Random(7)
+    heads = _Heads()
+    expected: list[tuple[int, str]] = []
+    sequence = 0
+    for _ in range(5000):
+        if rng.random() < 0.6:
+            # Mostly in order (a new head), sometimes an earlier one (a release, a re-offer).
+            sequence += 1
+            pushed = sequence if rng.random() < 0.8 else rng.randrange(sequence)
+            heads.push(pushed, f"g{pushed}")
+            expected.append((pushed, f"g{pushed}"))
+        elif expected:
+            expected.sort()
+            assert heads.first() == expected[0]
+            heads.pop()
+            expected.pop(0)
+        assert len(heads) == len(expected) and bool(heads) == bool(expected)
+    rest = []
+    while heads:
+        rest.append(heads.first())
+        heads.pop()
+    assert rest == sorted(expected)
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    @hookimpl
+    def qpid_flow_group_assigned(self, group: str) -> None:
+        self.seen.append(("assigned", group))
+
+    @hookimpl
+    def qpid_flow_group_released(self, group: str, reason: str) -> None:
+        self.seen.append((reason, group))
+
+
+@pytest.fixture
+def info_logging() -> Any:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    yield
+    structlog.reset_defaults()
+
+
+def _grouped_by_plugin(*plugins: Any) -> Destination:
+    pm = build_plugin_manager()
+    pm.unregister(name="events")  # as the server does without an event log
+    for plugin in plugins:
+        pm.register(plugin)
+    destination = Destination("q", DestinationPolicy(pattern="q", shared_groups=True), Hooks(pm))
+    destination.hooks.destination_created(destination=destination)
+    return destination
+
+
+def test_group_ownership_reaches_a_plugin_that_listens(info_logging: Any) -> None:
+    listener = _Listener()
+    dest = _grouped_by_plugin(listener)
+    wire = Wire()
+    consumer = add(dest, wire, 10)
+    dest.enqueue(msg("A-1", "A"))
+    dest.settle(consumer, wire.sent[0][1], Settlement.accepted())
+    assert listener.seen == [("assigned", "A"), ("settled", "A")]
+
+
+def test_group_ownership_is_not_reported_when_nothing_reads_it(info_logging: Any) -> None:
+    dest = _grouped_by_plugin()
+    assert isinstance(dest.queue, GroupedQueue)
+    assert dest.queue._ownership_events is False
+    wire = Wire()
+    consumer = add(dest, wire, 10)
+    dest.enqueue(msg("A-1", "A"))
+    dest.settle(consumer, wire.sent[0][1], Settlement.accepted())
+    assert dest.queue.group_count == 0, "the group is still freed and forgotten"
