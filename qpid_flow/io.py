@@ -5,28 +5,33 @@ objects), resolves its handler through link, session and connection, offers it t
 global I/O handler as well, and re-computes a connection's socket interest on every
 ``PN_TRANSPORT`` event, of which Proton emits one for almost every change to a delivery.
 A relayed message makes about six deliveries events and six transport events: that
-machinery cost more than qpid-flow's own work.
+machinery cost more than qpid-flow's own work. At low rates the cost of each turn of the
+loop matters most: a message takes three or four turns of its own.
 
 - :class:`BatchingIOHandler` notes which transports changed and updates each once per
   turn of the reactor, when no other event is left (only the state at ``select()``
   matters); it writes pending output at once rather than a turn later, and serves the
   sockets ``select()`` reports in the turn itself rather than through a posted event each.
 - :class:`RelayContainer` hands ``PN_DELIVERY`` and ``PN_LINK_FLOW`` straight to the
-  handler of their connection, ``PN_TRANSPORT`` to the batching handler and the end of a
-  turn (``reactor_quiesced``) to the I/O handler, from the raw engine event; every other
-  event is dispatched the usual way.
-- Deliveries are wrapped lean (:class:`LeanDelivery`) and links come from the wrappers
-  the router already holds (:func:`keep_link`).
+  handler of their connection and ``PN_TRANSPORT`` to the batching handler, from the raw
+  engine event; every other event is dispatched the usual way. A turn ends without a
+  posted ``reactor_quiesced`` event and without returning to ``Container.run``.
+- Deliveries are wrapped lean (:class:`LeanDelivery`), links and transports come from the
+  wrappers already held (:func:`keep_link`), and what qpid-flow keeps on a wrapper is read
+  without Proton's failing lookup (:func:`kept`).
 """
 
 from __future__ import annotations
 
 import logging
+import select
+import time
 import weakref
 from typing import Any
 
 from cproton import (
     PN_DELIVERY,
+    PN_EOS,
     PN_LINK_FLOW,
     PN_TRANSPORT,
     isnull,
@@ -43,8 +48,12 @@ from cproton import (
     pn_event_type,
     pn_link_session,
     pn_session_connection,
+    pn_transport_capacity,
+    pn_transport_pending,
+    pn_transport_pop,
+    pn_transport_tick,
 )
-from proton import Delivery, Disposition, Event, Link, ProtonException, Transport
+from proton import Delivery, Disposition, Event, Link, Transport
 from proton._selectable import Selectable
 from proton.handlers import IOHandler
 from proton.reactor import Container
@@ -56,6 +65,7 @@ __all__ = [
     "LinkFlowEvent",
     "RelayContainer",
     "keep_link",
+    "kept",
     "new_delivery",
 ]
 
@@ -88,42 +98,60 @@ class BatchingIOHandler(IOHandler):
         # Keyed by the C pointer itself: cffi pointers hash and compare by address, and
         # that is cheaper than converting them to ints.
         self._dirty: dict[Any, Any] = {}
+        # Transport wrappers that connections' selectables hold, by C pointer. Weak: an
+        # entry goes when its selectable lets go (the transport closed).
+        self._transports: weakref.WeakValueDictionary[Any, Transport] = weakref.WeakValueDictionary()
 
     def on_transport(self, event: Any) -> None:
         transport = event.transport
         self._dirty[transport._impl] = transport
 
     def mark_dirty(self, transport_impl: Any) -> None:
-        """The same, from a raw transport pointer (wrapped once per turn at most)."""
-        if transport_impl not in self._dirty:
-            self._dirty[transport_impl] = Transport.wrap(transport_impl)
+        """The same, from a raw transport pointer."""
+        if transport_impl in self._dirty:
+            return
+        transport = self._transports.get(transport_impl)
+        if transport is None:
+            transport = Transport.wrap(transport_impl)
+            selectable = kept(transport, "_selectable")
+            if selectable is not None and selectable._transport is not None:
+                # Reuse the wrapper the connection's selectable holds, for as long as it
+                # holds it, rather than wrapping the transport again every turn.
+                transport = selectable._transport
+                self._transports[transport_impl] = transport
+        self._dirty[transport_impl] = transport
 
     def update(self, transport: Any, selectable: Any, now: float) -> None:
         """Proton's update, telling the selector directly, and only when what it uses changed.
 
         Proton posts a ``selectable_updated`` event for every update, which costs a trip
-        through the generic dispatch and a walk of every connection's deadline."""
-        reading, writing, deadline = selectable.reading, selectable.writing, selectable._deadline
-        try:
-            selectable.reading = transport.capacity() > 0
-            selectable.writing = transport.pending() > 0
-        except ProtonException:
-            super().update(transport, selectable, now)  # the transport is closing: Proton's way
+        through the generic dispatch and a walk of every connection's deadline. The
+        transport is asked through Proton's C functions directly: its Python methods add
+        two calls each, and this runs for every transport that changed, every turn."""
+        impl = transport._impl
+        capacity = pn_transport_capacity(impl)
+        pending = pn_transport_pending(impl)
+        if capacity < PN_EOS or pending < PN_EOS:
+            IOHandler.update(transport, selectable, now)  # an error: the transport is closing
             return
-        selectable.deadline = transport.tick(now)
-        later = selectable._deadline
-        if (
-            selectable.reading == reading
-            and selectable.writing == writing
-            and (later == deadline or (deadline and (not later or later >= deadline)))
-        ):
+        reading = capacity > 0
+        writing = pending > 0
+        tick = pn_transport_tick(impl, int(now * 1000))
+        later = tick / 1000 if tick else 0
+        earlier = selectable._deadline
+        same_interest = selectable.reading == reading and selectable.writing == writing
+        if same_interest and (later == earlier or (earlier and (not later or later >= earlier))):
+            selectable._deadline = later
             return  # same interest, and the selector already wakes no later than needed
+        selectable.reading = reading
+        selectable.writing = writing
+        selectable._deadline = later
         selector = self._selector
         selector._reading.discard(selectable)
         selector._writing.discard(selectable)
-        if selectable.reading:
+        if reading:
             selector._reading.add(selectable)
-        if selectable.writing:
+        if writing:
             selector._writing.add(selectable)
         # The selector's deadline is already no later than every other connection's.
         if later and (selector._deadline is None or later < selector._deadline):
@@ -133,25 +161,26 @@ class BatchingIOHandler(IOHandler):
         """Write what the transport has to send now, instead of waiting a turn for
         ``select()`` to say the socket is writable: it almost always is, and a turn of the
         reactor costs more than the write."""
+        impl = transport._impl
+        pending = pn_transport_pending(impl)
+        if pending <= 0:
+            return  # nothing, or closing: the update that follows handles it
         try:
-            pending = transport.pending()
-        except ProtonException:
-            return  # closing: the update that follows handles it
-        if pending > 0:
-            try:
-                transport.pop(selectable.send(transport.peek(pending)))
-            except BlockingIOError:
-                pass  # the socket buffer is full: select() will say when it drains
-            except OSError as error:
-                log.error("Couldn't send: %r", error)
-                transport.close_head()
+            sent = selectable._delegate.send(transport.peek(pending))
+        except BlockingIOError:
+            return  # the socket buffer is full: select() will say when it drains
+        except OSError as error:
+            log.error("Couldn't send: %r", error)
+            transport.close_head()
+            return
+        pn_transport_pop(impl, sent)
 
     def _read(self, transport: Any, selectable: Any) -> None:
-        capacity = transport.capacity()
+        capacity = pn_transport_capacity(transport._impl)
         if capacity <= 0:
             return
         try:
-            data = selectable.recv(capacity)
+            data = selectable._delegate.recv(capacity)
         except BlockingIOError:
             return
         except OSError as error:
@@ -164,28 +193,39 @@ class BatchingIOHandler(IOHandler):
             self.on_selectable_error(_SelectableEvent(selectable))
 
     def on_reactor_quiesced(self, event: Any) -> None:
-        self.quiesce(event.reactor)
+        # Only reached through Proton's generic loop; RelayContainer.process ends its turns
+        # without posting this event (see there).
+        reactor = event.reactor
+        self.write_changed(reactor)
+        if _only_quiesced_left(reactor._collector._impl):
+            self.wait_and_serve(reactor)
+        reactor.yield_()
 
-    def quiesce(self, reactor: Any) -> None:
-        """The end of a reactor turn: write and update what changed, then wait for I/O or
-        a timer (``select``) and serve what is ready."""
+    def write_changed(self, reactor: Any) -> None:
+        """Write what every transport changed this turn has to send, and update what the
+        selector waits for on it."""
         dirty = self._dirty
-        if dirty:
-            transports = list(dirty.values())
-            dirty.clear()
-            now = reactor.now
-            for transport in transports:
-                selectable = transport._selectable
-                if selectable and not selectable.is_terminal:
-                    self._flush(transport, selectable)
-                    self.update(transport, selectable, now)
-        if not _only_quiesced_left(reactor._collector._impl):
-            return  # the updates posted events: the reactor handles them, then quiesces again
+        if not dirty:
+            return
+        transports = list(dirty.values())
+        dirty.clear()
+        now = reactor.now
+        for transport in transports:
+            selectable = kept(transport, "_selectable")
+            if selectable and not selectable.is_terminal:
+                self._flush(transport, selectable)
+                self.update(transport, selectable, now)
+
+    def wait_and_serve(self, reactor: Any) -> None:
+        """Wait for I/O or the next deadline, then serve what is ready.
+
+        Connections' sockets are read and written here rather than through one posted
+        event each; any other selectable (acceptor, connector, timer) keeps its own
+        handling."""
         _ = reactor.timer_deadline  # drops cancelled timers, as Proton's handler does
-        readable, writable, expired = self._selector.select(reactor.timeout)
+        readable, writable, expired = self._wait(reactor.timeout)
         reactor.mark()
-        # Connections' sockets are served here rather than through one posted event each;
-        # any other selectable (acceptor, connector, timer) keeps its own handling.
+        dirty = self._dirty
         for selectable in readable:
             transport = selectable._transport
             if transport is not None and type(selectable) is Selectable:
@@ -202,7 +242,46 @@ class BatchingIOHandler(IOHandler):
                 selectable.writable()
         for selectable in expired:
             selectable.expired()
-        reactor.yield_()
+
+    def _wait(self, timeout: float | None) -> tuple[list[Any], list[Any], list[Any]]:
+        """Proton's ``Selector.select``, without walking every selectable on every turn.
+
+        Proton's looks for expired deadlines among all selectables, then recomputes the
+        earliest, each time ``select()`` returns: with many connections that walk is most
+        of an idle turn. The earliest deadline is already known (``update`` lowers it), so
+        the walk is made only once it has passed."""
+        selector = self._selector
+        reading, writing = selector._reading, selector._writing
+        deadline = selector._deadline
+        if deadline is not None:
+            until = max(0.0, deadline - time.time())
+            timeout = until if timeout is None else min(timeout, until)
+        readable: list[Any] = []
+        writable: list[Any] = []
+        if reading or writing:
+            # An interrupted select() is retried by Python itself (PEP 475).
+            readable, writable, _ = select.select(reading, writing, (), timeout)
+        elif timeout:
+            time.sleep(timeout)
+        expired: list[Any] = []
+        if deadline is not None:
+            now = time.time()
+            if now >= deadline:
+                expired = [s for s in selector._selectables if s._deadline and now > s._deadline]
+                selector._deadline = None
+                selector.update_deadline()
+        return readable, writable, expired
+
+
+def kept(wrapper: Any, name: str) -> Any:
+    """What qpid-flow keeps on a Proton wrapper under ``name`` (None if nothing).
+
+    Proton stores such attributes in the C object's record, and reading one with
+    ``getattr`` first fails the normal lookup, which builds and discards an
+    ``AttributeError`` with a formatted message: about 70 times the cost of a plain
+    attribute, several times per message."""
+    attrs = wrapper.__dict__["_attrs"]  # a dict, or Proton's EmptyAttrs for a bare object
+    return attrs[name] if name in attrs else None  # noqa: SIM401 (EmptyAttrs has no get)
 
 
 # Link wrappers in use, by C pointer. Weak: an entry goes when its wrapper goes, before
@@ -333,30 +412,39 @@ class RelayContainer(Container):
         return connection
 
     def process(self) -> bool:
+        """Run turns until a handler asks to yield or the container stops.
+
+        A turn: handle every event; write what changed (which may post events: handle
+        them too); then wait for I/O or a timer and serve it. Proton's own loop ends each
+        turn by posting ``REACTOR_QUIESCED``, dispatching it, and returning to ``run()``,
+        which costs more than a quiet turn's work; here the turn goes straight on."""
         self.mark()
         collector = self._collector._impl
         handlers = self._connection_handlers
         default: Any = self._handler
-        mark_dirty = self._io.mark_dirty
-        quiesce = self._io.quiesce
+        io = self._io
+        mark_dirty = io.mark_dirty
         while True:
             if self._yield:  # type: ignore[has-type]
                 self._yield = False
                 return True
             raw = pn_collector_peek(collector)
             if isnull(raw):
-                # Nothing left: Proton decides whether to wait for I/O, fire timers or stop.
-                return bool(super().process())
+                if self._stop or not (self._timers > 0 or self._selectables > 1):
+                    # Stopping, or nothing left to wait for: Proton ends it its way.
+                    return bool(super().process())
+                io.write_changed(self)
+                if isnull(pn_collector_peek(collector)):
+                    io.wait_and_serve(self)
+                continue
             kind = pn_event_type(raw)
             if kind == PN_DELIVERY:
                 delivery_impl = pn_event_delivery(raw)
                 link_impl = pn_delivery_link(delivery_impl)
                 handler = handlers.get(pn_session_connection(pn_link_session(link_impl)), default)
                 handler.on_delivery(DeliveryEvent(delivery_impl, link_impl))
-                self._previous = None
             elif kind == PN_TRANSPORT:
                 mark_dirty(pn_event_transport(raw))
-                self._previous = None
             elif kind == PN_LINK_FLOW:
                 # Credit changed: about one per message relayed. Only the link's
                 # connection handler acts on it (the I/O handler does not).
@@ -365,11 +453,6 @@ class RelayContainer(Container):
                 on_link_flow = getattr(handler, "on_link_flow", None)
                 if on_link_flow is not None:
                     on_link_flow(LinkFlowEvent(link_impl))
-                self._previous = None
-            elif kind == _QUIESCED:
-                # The turn's end, posted by Proton's loop; only the I/O handler acts on it.
-                quiesce(self)
-                self._previous = Event.REACTOR_QUIESCED
             else:
                 # Any other event, one at a time, the way Proton dispatches it.
                 event = Event.wrap(raw)

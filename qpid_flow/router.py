@@ -19,7 +19,7 @@ from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
 from qpid_flow.guard import contain_errors
-from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, new_delivery
+from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -217,7 +217,7 @@ class Router(Handler):
 
     def _link_gone(self, link: Link) -> None:
         """Forget a link (idempotent): release what a consumer held, drop a producer."""
-        producer = getattr(link, "qf_producer", None)
+        producer = kept(link, "qf_producer")
         if producer is not None and self._producers.pop(producer.id, None) is not None:
             destination = self.destinations.find(producer.address) if producer.address else None
             if destination is not None:
@@ -226,7 +226,7 @@ class Router(Handler):
             self.hooks.producer_detached(producer=producer, destination=destination)
             log.debug("producer_detached", link=producer.id, address=producer.address)
             return
-        consumer = getattr(link, "qf_consumer", None)
+        consumer = kept(link, "qf_consumer")
         if consumer is not None and self._consumers.pop(consumer.id, None) is not None:
             del self._sent[consumer.id]  # the destination gets its messages back below
             destination = self.destinations.find(consumer.address)
@@ -237,7 +237,7 @@ class Router(Handler):
 
     def on_link_flow(self, event: Event) -> None:
         link = event.link
-        consumer = getattr(link, "qf_consumer", None)
+        consumer = kept(link, "qf_consumer")
         if consumer is None:
             return
         destination = self.destinations.find(consumer.address)
@@ -268,7 +268,7 @@ class Router(Handler):
                 link.advance()
                 self._on_transfer(link, delivery, data)
         else:
-            consumer = getattr(link, "qf_consumer", None)
+            consumer = kept(link, "qf_consumer")
             if consumer is None:
                 return
             sent = self._sent.get(consumer.id)
@@ -300,7 +300,7 @@ class Router(Handler):
         link.close()
 
     def _on_transfer(self, link: Link, delivery: Delivery, data: bytes) -> None:
-        producer: Producer = link.qf_producer
+        producer: Producer = kept(link, "qf_producer")
         producer.credit = link.credit
         presettled = delivery.settled
         address = producer.address

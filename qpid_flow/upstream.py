@@ -25,7 +25,7 @@ import structlog
 from proton import Condition, Endpoint, Handler, Link
 
 from qpid_flow.guard import contain_errors
-from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, new_delivery
+from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Message, Outcome, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -311,14 +311,14 @@ class BrokerBackend(Handler):
     # --- events on our links ----------------------------------------------------------
 
     def on_link_flow(self, event: Event) -> None:
-        sender = getattr(event.link, "qf_sender", None)
+        sender = kept(event.link, "qf_sender")
         if sender is not None and sender.link == event.link:
             self._pump(sender)
 
     def on_delivery(self, event: DeliveryEvent) -> None:
         link = event.link
         if link.is_sender:
-            sender: _Sender | None = getattr(link, "qf_sender", None)
+            sender: _Sender | None = kept(link, "qf_sender")
             if sender is None:
                 return
             entry = sender.in_flight.get(event.impl)
@@ -333,7 +333,7 @@ class BrokerBackend(Handler):
             done(message, settlement)
             return
         delivery = event.delivery
-        receiver = getattr(link, "qf_receiver", None)
+        receiver = kept(link, "qf_receiver")
         if receiver is None or delivery.aborted:
             delivery.settle()
             return
@@ -355,10 +355,10 @@ class BrokerBackend(Handler):
             link.close()
         if not self.connected or self.closing:
             return
-        sender = getattr(link, "qf_sender", None)
+        sender = kept(link, "qf_sender")
         if sender is not None:
             self._sender_closed(sender, condition)
-        receiver = getattr(link, "qf_receiver", None)
+        receiver = kept(link, "qf_receiver")
         if receiver is not None:
             self._receiver_closed(receiver, condition)
 
