@@ -24,8 +24,6 @@ loop matters most: a message takes three or four turns of its own.
 from __future__ import annotations
 
 import logging
-import select
-import time
 import weakref
 from typing import Any
 
@@ -57,6 +55,8 @@ from proton import Delivery, Disposition, Event, Link, Transport
 from proton._selectable import Selectable
 from proton.handlers import IOHandler
 from proton.reactor import Container
+
+from qpid_flow.selector import EpollSelector
 
 __all__ = [
     "BatchingIOHandler",
@@ -95,6 +95,7 @@ class _SelectableEvent:
 class BatchingIOHandler(IOHandler):
     def __init__(self) -> None:
         super().__init__()
+        self._selector: EpollSelector = EpollSelector()
         # Keyed by the C pointer itself: cffi pointers hash and compare by address, and
         # that is cheaper than converting them to ints.
         self._dirty: dict[Any, Any] = {}
@@ -146,16 +147,9 @@ class BatchingIOHandler(IOHandler):
         selectable.reading = reading
         selectable.writing = writing
         selectable._deadline = later
-        selector = self._selector
-        selector._reading.discard(selectable)
-        selector._writing.discard(selectable)
-        if reading:
-            selector._reading.add(selectable)
-        if writing:
-            selector._writing.add(selectable)
+        self._selector.interest(selectable)
         # The selector's deadline is already no later than every other connection's.
-        if later and (selector._deadline is None or later < selector._deadline):
-            selector._deadline = later
+        self._selector.lower_deadline(later)
 
     def _flush(self, transport: Any, selectable: Any) -> None:
         """Write what the transport has to send now, instead of waiting a turn for
@@ -223,7 +217,7 @@ class BatchingIOHandler(IOHandler):
         event each; any other selectable (acceptor, connector, timer) keeps its own
         handling."""
         _ = reactor.timer_deadline  # drops cancelled timers, as Proton's handler does
-        readable, writable, expired = self._wait(reactor.timeout)
+        readable, writable, expired = self._selector.select(reactor.timeout)
         reactor.mark()
         dirty = self._dirty
         for selectable in readable:
@@ -242,35 +236,6 @@ class BatchingIOHandler(IOHandler):
                 selectable.writable()
         for selectable in expired:
             selectable.expired()
-
-    def _wait(self, timeout: float | None) -> tuple[list[Any], list[Any], list[Any]]:
-        """Proton's ``Selector.select``, without walking every selectable on every turn.
-
-        Proton's looks for expired deadlines among all selectables, then recomputes the
-        earliest, each time ``select()`` returns: with many connections that walk is most
-        of an idle turn. The earliest deadline is already known (``update`` lowers it), so
-        the walk is made only once it has passed."""
-        selector = self._selector
-        reading, writing = selector._reading, selector._writing
-        deadline = selector._deadline
-        if deadline is not None:
-            until = max(0.0, deadline - time.time())
-            timeout = until if timeout is None else min(timeout, until)
-        readable: list[Any] = []
-        writable: list[Any] = []
-        if reading or writing:
-            # An interrupted select() is retried by Python itself (PEP 475).
-            readable, writable, _ = select.select(reading, writing, (), timeout)
-        elif timeout:
-            time.sleep(timeout)
-        expired: list[Any] = []
-        if deadline is not None:
-            now = time.time()
-            if now >= deadline:
-                expired = [s for s in selector._selectables if s._deadline and now > s._deadline]
-                selector._deadline = None
-                selector.update_deadline()
-        return readable, writable, expired
 
 
 def kept(wrapper: Any, name: str) -> Any:
