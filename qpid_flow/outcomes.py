@@ -5,6 +5,7 @@ from __future__ import annotations
 from cproton import pn_delivery_settle, pn_delivery_update
 from proton import Condition, Delivery
 
+from qpid_flow.io import LeanDelivery
 from qpid_flow.model import Outcome, Settlement
 
 __all__ = ["apply_settlement", "remote_settlement"]
@@ -18,7 +19,7 @@ _TERMINAL = {
 _STATE = {outcome: state for state, outcome in _TERMINAL.items()}
 
 
-def remote_settlement(delivery: Delivery) -> Settlement | None:
+def remote_settlement(delivery: LeanDelivery) -> Settlement | None:
     """The outcome the peer gave ``delivery``; None while it has given none.
 
     A peer that settles without an outcome is taken to have accepted: that is what
@@ -31,7 +32,7 @@ def remote_settlement(delivery: Delivery) -> Settlement | None:
         return Settlement.accepted()
     if outcome is Outcome.RELEASED:
         return Settlement.released()
-    remote = delivery.remote
+    remote = delivery.proton().remote  # rejected or modified: rare, and they carry more
     if outcome is Outcome.REJECTED:
         condition = remote.condition
         if condition is None:
@@ -47,7 +48,7 @@ def remote_settlement(delivery: Delivery) -> Settlement | None:
 _PLAIN = {Outcome.ACCEPTED: Delivery.ACCEPTED, Outcome.RELEASED: Delivery.RELEASED}
 
 
-def apply_settlement(delivery: Delivery, settlement: Settlement) -> None:
+def apply_settlement(delivery: LeanDelivery, settlement: Settlement) -> None:
     """Give ``delivery`` the outcome ``settlement`` and settle it."""
     outcome = settlement.outcome
     plain = _PLAIN.get(outcome)
@@ -58,10 +59,11 @@ def apply_settlement(delivery: Delivery, settlement: Settlement) -> None:
         pn_delivery_update(impl, plain)
         pn_delivery_settle(impl)
         return
+    full = delivery.proton()  # rejected or modified: Proton copies their content across
     if outcome is Outcome.REJECTED and settlement.condition:
-        delivery.local.condition = Condition(settlement.condition, settlement.description)
+        full.local.condition = Condition(settlement.condition, settlement.description)
     elif outcome is Outcome.MODIFIED:
-        delivery.local.failed = settlement.delivery_failed
-        delivery.local.undeliverable = settlement.undeliverable_here
-    delivery.update(_STATE[outcome])
-    delivery.settle()
+        full.local.failed = settlement.delivery_failed
+        full.local.undeliverable = settlement.undeliverable_here
+    full.update(_STATE[outcome])
+    full.settle()

@@ -25,7 +25,7 @@ from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, R
 from qpid_flow.outcomes import apply_settlement, remote_settlement
 
 if TYPE_CHECKING:
-    from proton import Connection, Delivery, Event
+    from proton import Connection, Event
 
     from qpid_flow.backend import Backend
     from qpid_flow.config import RouterConfig
@@ -288,7 +288,7 @@ class Router(Handler):
                 destination.settle(consumer, message, settlement)
                 self.backend.demand_changed(destination)
 
-    def _message_too_large(self, link: Link, delivery: Delivery) -> None:
+    def _message_too_large(self, link: Link, delivery: LeanDelivery) -> None:
         """A transfer grew past max_message_size: end the link as AMQP 1.0 says (2.7.3)."""
         limit = self._max_message_size
         log.warning("message_too_large", connection=link.connection.qf_id, link=link.name, limit=limit)
@@ -299,7 +299,7 @@ class Router(Handler):
         )
         link.close()
 
-    def _on_transfer(self, link: Link, delivery: Delivery, data: bytes) -> None:
+    def _on_transfer(self, link: Link, delivery: LeanDelivery, data: bytes) -> None:
         producer: Producer = kept(link, "qf_producer")
         producer.credit = link.credit
         presettled = delivery.settled
@@ -335,7 +335,7 @@ class Router(Handler):
             self._held.setdefault(destination.address, []).append(message)
             self.memory.add(message.size)
 
-    def _refuse_transfer(self, delivery: Delivery, presettled: bool, condition: str, description: str) -> None:
+    def _refuse_transfer(self, delivery: LeanDelivery, presettled: bool, condition: str, description: str) -> None:
         log.info("transfer_refused", condition=condition, description=description)
         if not presettled:
             apply_settlement(delivery, Settlement(Outcome.REJECTED, condition, description))

@@ -31,7 +31,7 @@ from qpid_flow.model import Message, Outcome, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
 
 if TYPE_CHECKING:
-    from proton import Connection, Delivery, Event
+    from proton import Connection, Event
     from proton.reactor import Container
 
     from qpid_flow.backend import OutcomeCallback
@@ -304,7 +304,7 @@ class BrokerBackend(Handler):
             credit += missing
         receiver.destination.upstream_credit = credit
 
-    def _settle_upstream(self, epoch: int, delivery: Delivery, settlement: Settlement) -> None:
+    def _settle_upstream(self, epoch: int, delivery: LeanDelivery, settlement: Settlement) -> None:
         if epoch == self.epoch and self.connected:
             apply_settlement(delivery, settlement)
 
