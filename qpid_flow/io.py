@@ -258,14 +258,22 @@ def kept(wrapper: Any, name: str) -> Any:
 
 
 # Link wrappers in use, by C pointer. Weak: an entry goes when its wrapper goes, before
-# Proton can free the link and reuse its address.
-_links: weakref.WeakValueDictionary[Any, Link] = weakref.WeakValueDictionary()
+# Proton can free the link and reuse its address. (A plain dict of weak references rather
+# than a WeakValueDictionary, whose get() is a Python method: this runs for every
+# delivery event.)
+_links: dict[Any, weakref.ref[Link]] = {}
 
 
 def _link_of(link_impl: Any) -> Link:
     """The wrapper of a C link: the one already held (see :func:`keep_link`), else a new one."""
-    link = _links.get(link_impl)
+    ref = _links.get(link_impl)
+    link = ref() if ref is not None else None
     return Link.wrap(link_impl) if link is None else link
+
+
+def _forget_link(link_impl: Any, ref: weakref.ref[Link]) -> None:
+    if _links.get(link_impl) is ref:  # not a newer wrapper kept under the same address
+        del _links[link_impl]
 
 
 class LeanDelivery:
@@ -332,7 +340,8 @@ class LeanDelivery:
 
 def keep_link(link: Link) -> None:
     """Let deliveries of ``link`` hand back this wrapper for as long as the caller holds it."""
-    _links[link._impl] = link
+    impl = link._impl
+    _links[impl] = weakref.ref(link, lambda ref: _forget_link(impl, ref))
 
 
 def new_delivery(link: Link, tag: str) -> LeanDelivery:

@@ -76,8 +76,9 @@ def _positional(function: Callable[..., Any], names: tuple[str, ...]) -> Callabl
     return lambda kwargs: function(*pick(kwargs))
 
 
-def _direct(caller: Any) -> Callable[..., Any] | None:
-    """A plain-Python caller equivalent to pluggy's for this hook, or None if it needs pluggy.
+def _direct(caller: Any) -> Callable[[dict[str, Any]], Any] | None:
+    """A plain-Python caller equivalent to pluggy's for this hook (taking the keyword
+    arguments as one dict), or None if it needs pluggy.
 
     pluggy's general machinery costs microseconds per call, and some hooks run several
     times per message. When no implementation is a wrapper, calling the implementations in
@@ -89,14 +90,11 @@ def _direct(caller: Any) -> Callable[..., Any] | None:
         return None
     firstresult = bool(caller.spec and caller.spec.opts.get("firstresult"))
     ordered = [_positional(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
-    if len(ordered) == 1:
-        (only,) = ordered
-        if firstresult:
-            return lambda **kwargs: only(kwargs)
-        return lambda **kwargs: [only(kwargs)]
+    if len(ordered) == 1 and firstresult:
+        return ordered[0]  # the most common shape: no loop, no extra frame
     if firstresult:
 
-        def first(**kwargs: Any) -> Any:
+        def first(kwargs: dict[str, Any]) -> Any:
             for call in ordered:
                 result = call(kwargs)
                 if result is not None:
@@ -105,7 +103,7 @@ def _direct(caller: Any) -> Callable[..., Any] | None:
 
         return first
 
-    def collect(**kwargs: Any) -> list[Any]:
+    def collect(kwargs: dict[str, Any]) -> list[Any]:
         results = []
         for call in ordered:
             result = call(kwargs)
@@ -117,11 +115,22 @@ def _direct(caller: Any) -> Callable[..., Any] | None:
 
 
 def _guarded(caller: Any, hook: str, fallback: Any) -> Callable[..., Any]:
-    call_hook = _direct(caller) or caller
+    direct = _direct(caller)
+
+    if direct is None:
+
+        def through_pluggy(**kwargs: Any) -> Any:
+            try:
+                return caller(**kwargs)
+            except Exception:
+                log.exception("plugin_error", hook=hook)
+                return fallback
+
+        return through_pluggy
 
     def call(**kwargs: Any) -> Any:
         try:
-            return call_hook(**kwargs)
+            return direct(kwargs)
         except Exception:
             log.exception("plugin_error", hook=hook)
             return fallback

@@ -83,6 +83,7 @@ class Message:
         "origin",
         "producer_id",
         "sequence",
+        "size",
         "upstream_epoch",
     )
 
@@ -94,6 +95,7 @@ class Message:
         on_dequeue: Callable[[Settlement], None] | None = None,
     ) -> None:
         self.data = data
+        self.size = len(data)  # read several times per message: kept rather than computed
         self.address = address
         self.producer_id = producer_id
         # Called once when the message leaves its destination for good; in front of a
@@ -110,10 +112,6 @@ class Message:
         self.delivery_count = 0
         self.enqueued_at = 0.0
         self._group_id: Any = _UNREAD
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
 
     def group_id(self, header: str | None = None) -> Any:
         """The raw group id (``properties.group-id`` or application property ``header``);

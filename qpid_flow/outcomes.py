@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cproton import pn_delivery_settle, pn_delivery_update
+from cproton import PN_ACCEPTED, PN_RELEASED, pn_delivery_settle, pn_delivery_update
 from proton import Condition, Delivery
 
 from qpid_flow.io import LeanDelivery
@@ -45,13 +45,11 @@ def remote_settlement(delivery: LeanDelivery) -> Settlement | None:
     )
 
 
-_PLAIN = {Outcome.ACCEPTED: Delivery.ACCEPTED, Outcome.RELEASED: Delivery.RELEASED}
-
-
 def apply_settlement(delivery: LeanDelivery, settlement: Settlement) -> None:
     """Give ``delivery`` the outcome ``settlement`` and settle it."""
     outcome = settlement.outcome
-    plain = _PLAIN.get(outcome)
+    # Identity, not a dict: an Enum member hashes in Python.
+    plain = PN_ACCEPTED if outcome is Outcome.ACCEPTED else PN_RELEASED if outcome is Outcome.RELEASED else None
     if plain is not None:
         # Accepted and released carry nothing: skip Delivery.update's copying of the local
         # disposition's data, annotations and condition (a third of its cost per message).

@@ -15,6 +15,7 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from cproton import pn_link_credit
 from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
@@ -242,7 +243,7 @@ class Router(Handler):
             return
         destination = self.destinations.find(consumer.address)
         if destination is not None:
-            destination.credit_changed(consumer, link.credit)
+            destination.credit_changed(consumer, pn_link_credit(link._impl))
             self.backend.demand_changed(destination)
         if link.drain_mode and link.credit > 0:
             # Nothing more to send now: give the unused credit back, as drain asks.
@@ -301,7 +302,7 @@ class Router(Handler):
 
     def _on_transfer(self, link: Link, delivery: LeanDelivery, data: bytes) -> None:
         producer: Producer = kept(link, "qf_producer")
-        producer.credit = link.credit
+        producer.credit = pn_link_credit(link._impl)
         presettled = delivery.settled
         address = producer.address
         if address is None:
@@ -377,7 +378,7 @@ class Router(Handler):
         """
         if not self.accepting or not self.backend.writable(producer.address):
             return
-        producer.credit = link.credit
+        producer.credit = pn_link_credit(link._impl)
         if not ask and producer.credit * 2 > producer.last_grant:
             return
         destination = self.destinations.find(producer.address) if producer.address else None

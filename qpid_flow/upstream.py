@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from cproton import pn_link_credit
 from proton import Condition, Endpoint, Handler, Link
 
 from qpid_flow.guard import contain_errors
@@ -227,7 +228,7 @@ class BrokerBackend(Handler):
 
         sender = self._sender(destination.address)
         sender.pending.append((message, outcome))
-        if sender.link is not None and sender.link.credit > 0:
+        if sender.link is not None and pn_link_credit(sender.link._impl) > 0:
             self._pump(sender)
 
     def _pump(self, sender: _Sender) -> None:
@@ -235,7 +236,7 @@ class BrokerBackend(Handler):
         if link is None:
             return
         pending = sender.pending
-        while pending and link.credit > 0:
+        while pending and pn_link_credit(link._impl) > 0:
             message, done = pending.popleft()
             delivery = new_delivery(link, str(next(self._tags)))
             link.send(message.data)
@@ -297,7 +298,7 @@ class BrokerBackend(Handler):
         link = receiver.link
         if link is None:
             return
-        credit = max(link.credit, 0)
+        credit = max(pn_link_credit(link._impl), 0)
         missing = self._lookahead - len(receiver.destination.queue) - credit
         if missing >= max(1, self._lookahead // 4):
             link.flow(missing)
