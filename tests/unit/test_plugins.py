@@ -110,3 +110,49 @@ def test_passthrough_keeps_a_window_topped_up_in_batches() -> None:
     assert hooks.producer_credit(producer=producer, destination=None) == 0
     producer.credit, producer.unsettled = 20, 10  # 70 missing
     assert hooks.producer_credit(producer=producer, destination=None) == 70
+
+
+def test_the_direct_callers_answer_exactly_as_pluggy_does() -> None:
+    """Hooks bypasses pluggy's machinery (manager._direct): same answers, same order."""
+
+    class Quiet:
+        @hookimpl
+        def qpid_flow_depth_changed(self, destination: Destination) -> None:
+            return None
+
+        @hookimpl
+        def qpid_flow_message_enqueued(self, message: Message) -> None:
+            return None  # the only implementation once the event log is off
+
+        @hookimpl
+        def qpid_flow_destination_stats(self, destination: Destination) -> dict[str, int]:
+            return {"quiet": 1}
+
+        @hookimpl(tryfirst=True)
+        def qpid_flow_transfer_arrived(self, message: Message) -> Reject | None:
+            return Reject("odd") if message.size % 2 else None
+
+    class Loud:
+        @hookimpl
+        def qpid_flow_destination_stats(self, destination: Destination) -> dict[str, int]:
+            return {"loud": 2}
+
+    for plugins in ([Quiet()], [Quiet(), Loud()]):
+        pm = build_plugin_manager()
+        pm.unregister(name="events")
+        for plugin in plugins:
+            pm.register(plugin)
+        hooks = Hooks(pm)
+        dest = Destination("q", DestinationPolicy(), hooks)
+        producer = Producer("q")
+        message = Message(b"1", "q")
+        assert hooks.message_enqueued(destination=dest, message=message) == pm.hook.qpid_flow_message_enqueued(
+            destination=dest, message=message
+        )
+        for data in (b"1", b"12"):
+            message = Message(data, "q")
+            assert hooks.transfer_arrived(
+                producer=producer, message=message, destination=dest
+            ) == pm.hook.qpid_flow_transfer_arrived(producer=producer, message=message, destination=dest)
+        assert hooks.depth_changed(destination=dest) == pm.hook.qpid_flow_depth_changed(destination=dest)
+        assert hooks.destination_stats(destination=dest) == pm.hook.qpid_flow_destination_stats(destination=dest)
