@@ -179,6 +179,11 @@ class Hooks:
         self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, "qpid_flow_settlement_delay", False)
         self.consumer_select = _guarded(h.qpid_flow_consumer_select, "qpid_flow_consumer_select", Hold("policy error"))
 
+    def builtin_only(self, hook: str) -> bool:
+        """Whether every implementation of ``hook`` (its full name) is a built-in plugin's:
+        a caller may then rely on what the built-ins answer."""
+        return all(impl.plugin_name in BUILTIN_PLUGINS for impl in getattr(self.pm.hook, hook).get_hookimpls())
+
     def listened(self, *notifications: str) -> bool:
         """Whether some plugin implements one of these notification hooks (by attribute
         name, e.g. ``"group_assigned"``): a caller may skip preparing what nobody reads."""

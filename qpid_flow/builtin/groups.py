@@ -84,6 +84,8 @@ class Plugin:
             # calls per message with many short groups) when neither is read.
             ownership_events=log.is_enabled_for(logging.DEBUG)
             or destination.hooks.listened("group_assigned", "group_released"),
+            # This plugin's chooser gives a lone ready consumer every free group.
+            sole_consumer_takes_free_groups=destination.hooks.builtin_only("qpid_flow_consumer_select"),
         )
         for consumer in destination.consumers:
             for message in sorted(consumer.held.values(), key=lambda m: m.sequence):

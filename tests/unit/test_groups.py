@@ -16,7 +16,7 @@ from qpid_flow.config import DestinationPolicy
 from qpid_flow.destination import Destination
 from qpid_flow.groups import DEFAULT_GROUP, GroupedQueue, _Heads, group_key
 from qpid_flow.manager import Hooks, build_plugin_manager
-from qpid_flow.model import Consumer, Message, Settlement
+from qpid_flow.model import Consumer, Hold, Message, Settlement
 
 
 class Wire:
@@ -300,3 +300,28 @@ def test_group_ownership_is_not_reported_when_nothing_reads_it(info_logging: Any
     dest.enqueue(msg("A-1", "A"))
     dest.settle(consumer, wire.sent[0][1], Settlement.accepted())
     assert dest.queue.group_count == 0, "the group is still freed and forgotten"
+
+
+class _HoldEverything:
+    @hookimpl
+    def qpid_flow_consumer_select(self) -> Hold:
+        return Hold("not yet")
+
+
+def test_a_plugin_chooser_is_asked_even_with_one_consumer_ready(info_logging: Any) -> None:
+    dest = _grouped_by_plugin(_HoldEverything())
+    assert dest.queue._sole_consumer_takes_free_groups is False  # type: ignore[attr-defined]
+    wire = Wire()
+    consumer = add(dest, wire, 10)
+    dest.enqueue(msg("A-1", "A"))
+    assert wire.sent == [] and consumer.credit == 10, "the plugin held the free group back"
+
+
+def test_with_only_the_builtin_chooser_a_lone_consumer_takes_free_groups(info_logging: Any) -> None:
+    dest = _grouped_by_plugin()
+    assert dest.queue._sole_consumer_takes_free_groups is True  # type: ignore[attr-defined]
+    wire = Wire()
+    add(dest, wire, 10)
+    for group in ("A", "B", "C"):
+        dest.enqueue(msg(f"{group}-1", group))
+    assert names(wire, wire.sent[0][0]) == ["A-1", "B-1", "C-1"]
