@@ -20,7 +20,7 @@ from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
 from qpid_flow.guard import contain_errors
-from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery
+from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -265,8 +265,7 @@ class Router(Handler):
                 self._message_too_large(link, delivery)
                 return
             if not delivery.partial:
-                data = link.recv(delivery.pending)
-                link.advance()
+                data = take_transfer(link, delivery.pending)
                 self._on_transfer(link, delivery, data)
         else:
             consumer = kept(link, "qf_consumer")
@@ -461,8 +460,7 @@ class Router(Handler):
     def _deliver(self, consumer: Consumer, message: Message) -> None:
         link = self._consumers[consumer.id][1]
         delivery = new_delivery(link, str(next(self._tags)))
-        link.send(message.data)
-        link.advance()
+        send_transfer(link, message.data)
         if consumer.presettled:
             delivery.settle()
         else:

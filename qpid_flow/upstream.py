@@ -26,7 +26,7 @@ from cproton import pn_link_credit
 from proton import Condition, Endpoint, Handler, Link
 
 from qpid_flow.guard import contain_errors
-from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery
+from qpid_flow.io import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Message, Outcome, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -239,8 +239,7 @@ class BrokerBackend(Handler):
         while pending and pn_link_credit(link._impl) > 0:
             message, done = pending.popleft()
             delivery = new_delivery(link, str(next(self._tags)))
-            link.send(message.data)
-            link.advance()
+            send_transfer(link, message.data)
             if message.origin is None:
                 # The producer sent it pre-settled: so do we; there is no outcome to wait for.
                 delivery.settle()
@@ -340,8 +339,7 @@ class BrokerBackend(Handler):
             return
         if not delivery.readable or delivery.partial:
             return
-        data = link.recv(delivery.pending)
-        link.advance()
+        data = take_transfer(link, delivery.pending)
         # The broker may send beyond the credit we gave (RabbitMQ does): keep it all.
         message = Message(data, receiver.destination.address)
         message.upstream_epoch = self.epoch
