@@ -213,7 +213,7 @@ def run_memory(payloads: list[bytes], messages: int, consumers: int, credit: int
         # the hash table sized for its high-water mark (most of "traced after - before").
         "group_table_bytes": sys.getsizeof(queue._groups),
         "heads_left": len(queue._heads),
-        "owners_left": len(queue._owned),
+        "owners_left": sum(len(owned) for owned in queue._owned.values()),  # groups still owned
         "waiting_left": len(queue),
     }
 
