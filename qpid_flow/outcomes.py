@@ -5,7 +5,7 @@ from __future__ import annotations
 from cproton import PN_ACCEPTED, PN_RELEASED, pn_delivery_settle, pn_delivery_update
 from proton import Condition, Delivery
 
-from qpid_flow.io import LeanDelivery
+from qpid_flow.endpoints import LeanDelivery
 from qpid_flow.model import Outcome, Settlement
 
 __all__ = ["apply_settlement", "remote_settlement"]
