@@ -14,10 +14,11 @@ from typing import Any
 
 from cproton import (
     PN_EOS,
+    ffi,
+    lib,
     pn_decref,
     pn_delivery,
     pn_delivery_aborted,
-    pn_delivery_link,
     pn_delivery_partial,
     pn_delivery_pending,
     pn_delivery_readable,
@@ -27,12 +28,6 @@ from cproton import (
     pn_delivery_update,
     pn_incref,
     pn_link_advance,
-)
-from cproton import (
-    ffi as _ffi,
-)
-from cproton import (
-    lib as _lib,
 )
 from proton import Delivery, Link
 
@@ -53,7 +48,7 @@ def take_transfer(link: Link, size: int) -> bytes:
     to the next delivery: ``link.recv`` and ``link.advance`` through Proton's C functions
     (its Python methods cost four calls and a ``hasattr`` more per message)."""
     buffer = bytearray(size)
-    received = _lib.pn_link_recv(link._impl, _ffi.from_buffer(buffer), size)
+    received = lib.pn_link_recv(link._impl, ffi.from_buffer(buffer), size)
     if received < 0 and received != PN_EOS:
         link._check(received)  # raises Proton's LinkException
     pn_link_advance(link._impl)
@@ -62,7 +57,7 @@ def take_transfer(link: Link, size: int) -> bytes:
 
 def send_transfer(link: Link, data: bytes) -> None:
     """``link.send(data)`` and ``link.advance()`` for the current delivery, in C."""
-    sent = _lib.pn_link_send(link._impl, _ffi.from_buffer(data), len(data))
+    sent = lib.pn_link_send(link._impl, ffi.from_buffer(data), len(data))
     if sent < 0:
         link._check(sent)  # raises Proton's LinkException
     pn_link_advance(link._impl)
@@ -123,11 +118,6 @@ class LeanDelivery:
         return Delivery.wrap(self._impl)
 
     @property
-    def link(self) -> Link:
-        # The wrapper the router or the upstream already holds (see keep_link).
-        return _link_of(pn_delivery_link(self._impl))
-
-    @property
     def settled(self) -> bool:
         return bool(pn_delivery_settled(self._impl))
 
@@ -152,9 +142,11 @@ class LeanDelivery:
         """The peer's outcome as Proton's code (``Delivery.ACCEPTED`` etc. compare equal)."""
         return int(pn_delivery_remote_state(self._impl))
 
-    def update(self, state: int) -> None:
-        """Set an outcome that carries nothing (accepted, released)."""
+    def settle_as(self, state: int) -> None:
+        """Give an outcome that carries nothing (accepted, released) and settle: no local
+        disposition content to copy across, unlike ``Delivery.update``."""
         pn_delivery_update(self._impl, state)
+        pn_delivery_settle(self._impl)
 
     def settle(self) -> None:
         pn_delivery_settle(self._impl)

@@ -31,7 +31,7 @@ from cproton import (
     PN_EOS,
     PN_LINK_FLOW,
     PN_TRANSPORT,
-    isnull,
+    ffi,
     pn_collector_more,
     pn_collector_peek,
     pn_collector_pop,
@@ -46,9 +46,6 @@ from cproton import (
     pn_transport_pending,
     pn_transport_pop,
     pn_transport_tick,
-)
-from cproton import (
-    ffi as _ffi,
 )
 from proton import Event, Transport
 from proton._selectable import Selectable
@@ -67,13 +64,13 @@ log = logging.getLogger(__name__)
 
 
 _QUIESCED = Event.REACTOR_QUIESCED.number
-_NULL = _ffi.NULL  # compared in C; cproton.isnull is a Python function, called per event
+_NULL = ffi.NULL  # compared in C; cproton.isnull is a Python function, called per event
 
 
 def _only_quiesced_left(collector: Any) -> bool:
     """Proton's ``reactor.quiesced`` without wrapping the head event in Python objects."""
     head = pn_collector_peek(collector)
-    if isnull(head):
+    if head == _NULL:
         return True
     return not pn_collector_more(collector) and pn_event_type(head) == _QUIESCED
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cproton import PN_ACCEPTED, PN_RELEASED, pn_delivery_settle, pn_delivery_update
+from cproton import PN_ACCEPTED, PN_RELEASED
 from proton import Condition, Delivery
 
 from qpid_flow.endpoints import LeanDelivery
@@ -51,11 +51,7 @@ def apply_settlement(delivery: LeanDelivery, settlement: Settlement) -> None:
     # Identity, not a dict: an Enum member hashes in Python.
     plain = PN_ACCEPTED if outcome is Outcome.ACCEPTED else PN_RELEASED if outcome is Outcome.RELEASED else None
     if plain is not None:
-        # Accepted and released carry nothing: skip Delivery.update's copying of the local
-        # disposition's data, annotations and condition (a third of its cost per message).
-        impl = delivery._impl
-        pn_delivery_update(impl, plain)
-        pn_delivery_settle(impl)
+        delivery.settle_as(plain)  # accepted and released carry nothing
         return
     full = delivery.proton()  # rejected or modified: Proton copies their content across
     if outcome is Outcome.REJECTED and settlement.condition:
