@@ -29,6 +29,7 @@ from common import (
     PYTHON,
     BenchError,
     CpuMeter,
+    Proc,
     Processes,
     Server,
     Spread,
@@ -47,7 +48,7 @@ from common import (
     verdict,
 )
 
-from tests.integration.harness.cexamples import ProtonCExamples, build_examples
+from tests.integration.harness.cexamples import ProtonCExamples, build_c_program, build_examples
 from tests.integration.harness.rabbitmq import RabbitMQBroker
 
 RUN_TIMEOUT = 180.0  # seconds: no single run of any scenario may take longer
@@ -88,6 +89,10 @@ class Context:
         if self.examples is None:
             self.examples = build_examples(BENCH / "results" / "c-examples")
         return self.examples
+
+    def latency_client(self) -> Path:
+        """bench/c/latency.c, built on first use."""
+        return build_c_program(BENCH / "c" / "latency.c", BENCH / "results" / "c-examples")
 
     def broker_url(self) -> str:
         """RabbitMQ's URL, starting the private broker the first time."""
@@ -217,16 +222,16 @@ def run_py_clients(
     return out
 
 
+StartClients = Callable[[int, float], tuple[Proc, Proc]]
+
+
 def latency_run(
-    procs: Processes, url: str, addr: str, count: int, rate: float, server_pid: int | None
+    procs: Processes, clients: StartClients, count: int, rate: float, server_pid: int | None
 ) -> dict[str, Any]:
+    """One paced run: ``clients(count, rate)`` starts the timing consumer, then the paced
+    producer, and returns both (either pair prints the same JSON result)."""
     meter = CpuMeter(server=server_pid).start()
-    consumer = run_pyclient(
-        procs, "py-consume", ["consume", url, addr, str(count), "--latency", "--timeout", str(RUN_TIMEOUT)]
-    )
-    producer = run_pyclient(
-        procs, "py-produce", ["produce", url, addr, str(count), "--rate", str(rate), "--timeout", str(RUN_TIMEOUT)]
-    )
+    consumer, producer = clients(count, rate)
     produced = client_result(producer, RUN_TIMEOUT + 30)
     consumed = client_result(consumer, RUN_TIMEOUT + 30)
     cpu = meter.stop()
@@ -246,6 +251,39 @@ def latency_run(
     if "server" in cpu:
         out["cpu_us"] = 1e6 * cpu["server"] / count
     return out
+
+
+def latency_clients(ctx: Context, kind: str, procs: Processes, port: int, url: str) -> StartClients:
+    """The C latency clients against 127.0.0.1:port, or the Python ones against url."""
+    return c_latency_clients(ctx, procs, port) if kind == "C" else py_latency_clients(procs, url)
+
+
+def c_latency_clients(ctx: Context, procs: Processes, port: int) -> StartClients:
+    """bench/c/latency.c, receive then send, against 127.0.0.1:port."""
+    exe = str(ctx.latency_client())
+
+    def start(count: int, rate: float) -> tuple[Proc, Proc]:
+        addr = address("bench-latency")
+        host = ["127.0.0.1", str(port), addr, str(count)]
+        consumer = procs.start("c-latency-receive", [exe, "receive", *host], capture=True)
+        time.sleep(0.3)  # the consumer's link is attached before the first message
+        producer = procs.start("c-latency-send", [exe, "send", *host, str(rate)], capture=True)
+        return consumer, producer
+
+    return start
+
+
+def py_latency_clients(procs: Processes, url: str) -> StartClients:
+    """bench/pyclients.py, consume then produce, against url."""
+
+    def start(count: int, rate: float) -> tuple[Proc, Proc]:
+        addr = address("bench-latency")
+        timeout = ["--timeout", str(RUN_TIMEOUT)]
+        consumer = run_pyclient(procs, "py-consume", ["consume", url, addr, str(count), "--latency", *timeout])
+        producer = run_pyclient(procs, "py-produce", ["produce", url, addr, str(count), "--rate", str(rate), *timeout])
+        return consumer, producer
+
+    return start
 
 
 def guarded(ctx: Context, label: str, fn: Callable[[Processes], dict[str, Any]]) -> dict[str, Any]:
@@ -453,8 +491,8 @@ def saturated(ctx: Context) -> dict[str, Any]:
             f"per round: {spread_fmt(vs_relay2_rounds, 2)}  CPU per message: {_fmt(cpu_vs_relay2, 2)}"
         )
     if "d_qpid_flow_rabbitmq" in runs:
-        through = ratio_of_medians(runs["d_qpid_flow_rabbitmq"], runs["c_rabbitmq"], "rate")
-        table.append(f"(d)/(c) through qpid-flow / direct to RabbitMQ (rate): {_fmt(through, 2)}")
+        through_ratio = ratio_of_medians(runs["d_qpid_flow_rabbitmq"], runs["c_rabbitmq"], "rate")
+        table.append(f"(d)/(c) through qpid-flow / direct to RabbitMQ (rate): {_fmt(through_ratio, 2)}")
     targets = [
         {
             "target": "saturated: qpid-flow standalone >= 0.9 x minimal relay (b)",
@@ -495,32 +533,46 @@ LOW_LATENCY_RATE = 200.0  # msg/s: the second, lightly loaded, latency point
 
 
 def latency(ctx: Context) -> dict[str, Any]:
-    """Two rates: half the saturated rate (what the targets are judged on) and 200 msg/s
-    (light load: what qpid-flow adds when nothing queues)."""
+    """Added latency, direct to RabbitMQ and through qpid-flow, at three points:
+
+    - ``half``: half the saturated rate, with the C latency clients (bench/c/latency.c).
+      The targets are judged here. C clients, because this machine has two cores: Python
+      clients at this rate take about one of them, and what is then measured is mostly
+      the clients, the broker and qpid-flow queueing for a core (``py`` below).
+    - ``low``: 200 msg/s, C clients: what qpid-flow adds when nothing queues.
+    - ``py``: the Python clients of scenario 1 (bench/pyclients.py), at half the
+      saturated rate capped to what they sustain; for information.
+    """
     broker_url = ctx.broker_url()
+    broker_port = int(broker_url.rsplit(":", 1)[1])
     rate, why = latency_rate(ctx)
+    py_rate, py_why = python_latency_rate(ctx, rate, why)
     seconds = 4 if ctx.quick else 10
-    points = [("half", rate, why), ("low", LOW_LATENCY_RATE, "light load")]
+    points = [
+        ("half", rate, why, "C"),
+        ("low", LOW_LATENCY_RATE, "light load", "C"),
+        ("py", py_rate, py_why, "Python"),
+    ]
     paths: dict[str, Callable[[Processes], dict[str, Any]]] = {}
     counts = {}
-    for key, point_rate, _why in points:
+    for key, point_rate, _why, kind in points:
         count = max(500, int(point_rate * seconds * ctx.size_factor))
         counts[key] = count
 
-        def direct(procs: Processes, r: float = point_rate, n: int = count) -> dict[str, Any]:
-            return latency_run(procs, broker_url, address("bench-latency"), n, r, None)
+        def direct(procs: Processes, r: float = point_rate, n: int = count, c: str = kind) -> dict[str, Any]:
+            return latency_run(procs, latency_clients(ctx, c, procs, broker_port, broker_url), n, r, None)
 
-        def through(procs: Processes, r: float = point_rate, n: int = count) -> dict[str, Any]:
+        def through(procs: Processes, r: float = point_rate, n: int = count, c: str = kind) -> dict[str, Any]:
             server = start_qpid_flow(procs, broker_url=broker_url)
-            return latency_run(procs, server.url, address("bench-latency"), n, r, server.pid)
+            return latency_run(procs, latency_clients(ctx, c, procs, server.port, server.url), n, r, server.pid)
 
         paths[f"{key}_direct"] = direct
         paths[f"{key}_through"] = through
-    ctx.log(f"  paced at {rate:,.0f} msg/s ({why}) and {LOW_LATENCY_RATE:,.0f} msg/s")
+    ctx.log(f"  C clients paced at {rate:,.0f} and {LOW_LATENCY_RATE:,.0f} msg/s, Python at {py_rate:,.0f} ({why})")
     runs = rounds_of(ctx, paths)
     added: dict[str, dict[str, list[float]]] = {}
     rows = []
-    for key, point_rate, _why in points:
+    for key, point_rate, _why, kind in points:
         added[key] = {
             p: ratio_free_diff(runs[f"{key}_through"], runs[f"{key}_direct"], p) for p in ("p50_ms", "p90_ms", "p99_ms")
         }
@@ -528,7 +580,7 @@ def latency(ctx: Context) -> dict[str, Any]:
             ok = [r for r in runs[name] if "error" not in r]
             rows.append(
                 [
-                    f"{point_rate:,.0f} msg/s, {label}",
+                    f"{kind} clients, {point_rate:,.0f} msg/s, {label}",
                     spread_fmt(r["send_rate"] for r in ok),
                     spread_fmt((r["p50_ms"] for r in ok), 2),
                     spread_fmt((r["p90_ms"] for r in ok), 2),
@@ -539,26 +591,27 @@ def latency(ctx: Context) -> dict[str, Any]:
                 ]
             )
     table = [
-        f"3. latency: enqueue-to-delivery (application property sent_at, time.time()), Python producer -> "
-        f"Python consumer, paced at {rate:,.0f} msg/s ({why}) and {LOW_LATENCY_RATE:,.0f} msg/s, "
+        "3. latency: enqueue-to-delivery (application property sent_at, wall clock), paced producer -> consumer; "
+        f"C clients (bench/c/latency.c) at {rate:,.0f} msg/s ({why}) and {LOW_LATENCY_RATE:,.0f} msg/s, "
+        f"Python clients (bench/pyclients.py) at {py_rate:,.0f} msg/s ({py_why}); "
         f"{seconds} s of messages per run, {ctx.rounds} rounds",
         *capture_table(["path", "sent msg/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "CPU us/msg", "runs"], rows),
     ]
-    for key, point_rate, _why in points:
+    for key, point_rate, _why, kind in points:
         table.append(
-            f"added by qpid-flow at {point_rate:,.0f} msg/s (through - direct, per round, median (min-max)): "
-            + ", ".join(f"{p[:3]} {spread_fmt(v, 2, ' ms')}" for p, v in added[key].items())
+            f"added by qpid-flow, {kind} clients at {point_rate:,.0f} msg/s (through - direct, per round, "
+            "median (min-max)): " + ", ".join(f"{p[:3]} {spread_fmt(v, 2, ' ms')}" for p, v in added[key].items())
         )
     p50 = Spread.of(added["half"]["p50_ms"])
     p99 = Spread.of(added["half"]["p99_ms"])
     targets = [
         {
-            "target": f"latency: added p50 <= 1 ms (at {rate:,.0f} msg/s)",
+            "target": f"latency: added p50 <= 1 ms (C clients at {rate:,.0f} msg/s)",
             "value": p50.median if p50 else None,
             "verdict": verdict(p50.median if p50 else None, 1.0, higher_is_better=False),
         },
         {
-            "target": f"latency: added p99 <= 5 ms (at {rate:,.0f} msg/s)",
+            "target": f"latency: added p99 <= 5 ms (C clients at {rate:,.0f} msg/s)",
             "value": p99.median if p99 else None,
             "verdict": verdict(p99.median if p99 else None, 5.0, higher_is_better=False),
         },
@@ -568,6 +621,8 @@ def latency(ctx: Context) -> dict[str, Any]:
         "rate": rate,
         "rate_from": why,
         "low_rate": LOW_LATENCY_RATE,
+        "python_rate": py_rate,
+        "python_rate_from": py_why,
         "runs": runs,
         "summary": _summary(runs),
         "added_ms": added,
@@ -582,23 +637,29 @@ def ratio_free_diff(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]], 
 
 def latency_rate(ctx: Context) -> tuple[float, str]:
     """Half of the saturated rate through qpid-flow in front of RabbitMQ (2d), when that
-    was measured in this run; capped at 80 % of what the Python clients sustained through
-    qpid-flow (scenario 1), so that the paced producer is not itself the bottleneck."""
+    was measured in this run (else of 2(a), else 2,000 msg/s); or --latency-rate."""
     if ctx.latency_rate:
         return ctx.latency_rate, "--latency-rate"
     saturated_runs = ctx.previous.get("saturated", {}).get("runs", {})
     sat = median_of(saturated_runs.get("d_qpid_flow_rabbitmq", []), "rate")
-    if sat is None:
-        sat = median_of(saturated_runs.get("a_qpid_flow", []), "rate")
-    rate, why = (sat / 2, "half the saturated rate of 2(d)") if sat else (2000.0, "default: 2(d) not measured")
+    if sat is not None:
+        return round(sat / 2, -1), "half the saturated rate of 2(d)"
+    sat = median_of(saturated_runs.get("a_qpid_flow", []), "rate")
+    if sat is not None:
+        return round(sat / 2, -1), "half the saturated rate of 2(a)"
+    return 2000.0, "default: 2(d) not measured"
+
+
+def python_latency_rate(ctx: Context, rate: float, why: str) -> tuple[float, str]:
+    """``rate``, capped at 80 % of what the Python clients sustained (scenario 1), so that
+    the paced Python producer is not itself the bottleneck."""
     py_rates = [
         median_of(ctx.previous.get("transparent", {}).get("runs", {}).get(p, []), "rate") for p in ("direct", "through")
     ]
     py = min((r for r in py_rates if r), default=None)
     if py and rate > 0.8 * py:
-        half = f"; half of 2(d) is {sat / 2:,.0f}" if sat else ""
-        rate, why = 0.8 * py, f"capped at 80% of the Python clients' rate in scenario 1{half}"
-    return round(rate, -1), why
+        return round(0.8 * py, -1), f"80% of the Python clients' rate in scenario 1; {why} is {rate:,.0f}"
+    return rate, why
 
 
 # --- 4. policies -----------------------------------------------------------------------------

@@ -38,13 +38,18 @@ class ProtonCExamples:
 
 
 def build_examples(cache_dir: Path) -> ProtonCExamples:
-    """Compile send and receive into cache_dir/<hash>/ unless a matching build exists there.
-
-    The hash covers the sources and the pkg-config flags, so a proton upgrade rebuilds.
-    """
+    """Compile send and receive into cache_dir/<hash>/ unless a matching build exists there."""
     missing = [p for p in ("send.c", "receive.c") if not (EXAMPLES_DIR / p).exists()]
     if missing:
         raise FileNotFoundError(f"{EXAMPLES_DIR}/{missing[0]} missing; {INSTALL_HINT}")
+    return ProtonCExamples(
+        send=build_c_program(EXAMPLES_DIR / "send.c", cache_dir),
+        receive=build_c_program(EXAMPLES_DIR / "receive.c", cache_dir),
+    )
+
+
+def proton_c_flags() -> list[str]:
+    """The compiler and linker flags of Debian's Proton C library, from pkg-config."""
     for tool in ("gcc", "pkg-config"):
         if shutil.which(tool) is None:
             raise FileNotFoundError(f"{tool} not found; {INSTALL_HINT}")
@@ -57,23 +62,27 @@ def build_examples(cache_dir: Path) -> ProtonCExamples:
             check=False,
         )
         if flags.returncode == 0:
-            break
+            return flags.stdout.split()
         errors.append(flags.stderr.strip())
-    else:
-        raise FileNotFoundError(f"pkg-config found no Proton C library: {errors}; {INSTALL_HINT}")
-    h = hashlib.sha256(flags.stdout.encode())
-    for name in ("send.c", "receive.c"):
-        h.update((EXAMPLES_DIR / name).read_bytes())
+    raise FileNotFoundError(f"pkg-config found no Proton C library: {errors}; {INSTALL_HINT}")
+
+
+def build_c_program(source: Path, cache_dir: Path) -> Path:
+    """Compile one C source against Proton into cache_dir/<hash>/<name> unless that build
+    exists. The hash covers the source and the pkg-config flags, so an edit or a Proton
+    upgrade rebuilds."""
+    flags = proton_c_flags()
+    h = hashlib.sha256(" ".join(flags).encode())
+    h.update(source.read_bytes())
     out = cache_dir / h.hexdigest()[:16]
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("send", "receive"):
-        exe = out / name
-        if exe.exists():
-            continue
-        tmp = out / f".{name}.tmp"  # rename at the end: a half-written binary is never cached
-        cmd = ["gcc", "-O2", "-o", str(tmp), str(EXAMPLES_DIR / f"{name}.c"), *flags.stdout.split(), "-lpthread"]
-        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if r.returncode != 0:
-            raise RuntimeError(f"building {name} failed: {' '.join(cmd)}\n{r.stderr}")
-        tmp.replace(exe)
-    return ProtonCExamples(send=out / "send", receive=out / "receive")
+    exe = out / source.stem
+    if exe.exists():
+        return exe
+    tmp = out / f".{source.stem}.tmp"  # renamed at the end: a half-written binary is never cached
+    cmd = ["gcc", "-O2", "-o", str(tmp), str(source), *flags, "-lpthread"]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"building {source.name} failed: {' '.join(cmd)}\n{r.stderr}")
+    tmp.replace(exe)
+    return exe
