@@ -47,10 +47,13 @@ class Address:
         self.turn = 0
 
 
-class MinimalRelay(Handler):  # type: ignore[misc]
-    def __init__(self, window: int) -> None:
+class MinimalRelay(Handler):
+    def __init__(self, window: int, lean: bool = False) -> None:
+        """``lean``: delivery events carry qpid-flow's ``LeanDelivery`` (on RelayContainer),
+        which settles with ``settle_as`` rather than Proton's ``update``."""
         super().__init__()
         self.window = window
+        self.lean = lean
         self.addresses: dict[str, Address] = {}
         self.tags = itertools.count(1)
 
@@ -131,7 +134,7 @@ class MinimalRelay(Handler):  # type: ignore[misc]
 
     def on_delivery(self, event: Any) -> None:
         delivery = event.delivery
-        link = delivery.link
+        link = event.link
         if link.is_receiver:
             if delivery.aborted:
                 delivery.settle()
@@ -142,9 +145,12 @@ class MinimalRelay(Handler):  # type: ignore[misc]
             link.advance()
             address = link.relay_address
             address.messages.append(data)
-            if not delivery.settled:
-                delivery.update(ACCEPTED)
-            delivery.settle()
+            if self.lean and not delivery.settled:
+                delivery.settle_as(ACCEPTED)  # update and settle
+            else:
+                if not delivery.settled:
+                    delivery.update(ACCEPTED)
+                delivery.settle()
             if link.credit < self.window // 2:
                 link.flow(self.window - link.credit)
             if address.consumers:
@@ -154,7 +160,7 @@ class MinimalRelay(Handler):  # type: ignore[misc]
             if not state:
                 return
             held = link.relay_held
-            data = held.pop(getattr(delivery, "relay_tag", None), None) if held is not None else None
+            data = held.pop(delivery._impl, None) if held is not None else None
             delivery.settle()
             if data is not None and state != ACCEPTED and state != REJECTED:
                 address = link.relay_address
@@ -181,13 +187,14 @@ class MinimalRelay(Handler):  # type: ignore[misc]
                 data = messages.popleft()
                 tag = str(next(self.tags))
                 delivery = link.delivery(tag)
-                delivery.relay_tag = tag
                 link.send(data)
                 link.advance()
                 if link.snd_settle_mode == Link.SND_SETTLED:
                     delivery.settle()
                 else:
-                    link.relay_held[tag] = data
+                    # Keyed by the C delivery: what both Proton's Delivery and
+                    # qpid-flow's LeanDelivery (on RelayContainer) hold.
+                    link.relay_held[delivery._impl] = data
                 progress = True
                 if not messages:
                     return
@@ -221,7 +228,7 @@ def main() -> int:
         "--window", type=int, default=100, help="credit per producer link (qpid-flow's producer_window is 100)"
     )
     args = parser.parse_args()
-    container = make_container(args.container, MinimalRelay(args.window))
+    container = make_container(args.container, MinimalRelay(args.window, lean=args.container == "qpid-flow"))
     container.listen(args.listen)
 
     def stop(_signum: int, _frame: Any) -> None:

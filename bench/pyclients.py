@@ -102,7 +102,7 @@ class TimedConsumer(Consumer):
         super().on_message(event)
 
 
-class _Tick(Handler):  # type: ignore[misc]
+class _Tick(Handler):
     def __init__(self, producer: TimedProducer) -> None:
         super().__init__()
         self.producer = producer

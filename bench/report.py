@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,7 +38,7 @@ from qpid_flow.analytics.synthetic import generate  # noqa: E402
 EVENTS_PER_MESSAGE = 5.0
 
 
-def run_size(events: int, workdir: Path) -> dict[str, object]:
+def run_size(events: int, workdir: Path) -> dict[str, Any]:
     from pyspark import __version__ as spark_version
 
     from qpid_flow.analytics.report import run_report

@@ -34,7 +34,7 @@ from proton.reactor import Container  # noqa: E402
 from tests.integration.clients import make_message  # noqa: E402
 
 
-class ScaleClient(MessagingHandler):  # type: ignore[misc]
+class ScaleClient(MessagingHandler):
     def __init__(self, url: str, address: str, connections: int, per_connection: int, in_flight: int, timeout: float):
         super().__init__(auto_settle=True)
         self.url = url

@@ -47,7 +47,7 @@ class Received:
     outcome: str = ""
 
 
-class _Client(MessagingHandler):  # type: ignore[misc]
+class _Client(MessagingHandler):
     """Common parts: connect without silent reconnect, stop on timeout, record errors."""
 
     def __init__(self, url: str, timeout: float, **kwargs: Any) -> None:

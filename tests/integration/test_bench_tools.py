@@ -1,0 +1,78 @@
+"""The benchmark's own tools still work: the minimal relay (bench/minimal_relay.py) on both
+reactors, and the C latency clients (bench/c/latency.c). A benchmark whose comparator
+fails prints "n/a" where a ratio should be, so these run with the suite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .harness.cexamples import ProtonCExamples, build_c_program
+from .harness.clients import unique_address
+from .harness.net import free_port, port_accepts
+from .harness.router import StartRouter
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["proton", "qpid-flow"])
+def relay_port(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[int]:
+    port = free_port()
+    log = open(tmp_path / "relay.log", "wb")  # noqa: SIM115 - closed below
+    relay = [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), "--listen", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(
+        [*relay, "--container", request.param],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not port_accepts("127.0.0.1", port):
+            assert proc.poll() is None, (tmp_path / "relay.log").read_text()
+            assert time.monotonic() < deadline, "the minimal relay did not start listening"
+            time.sleep(0.05)
+        yield port
+        assert proc.poll() is None, "the relay died:\n" + (tmp_path / "relay.log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def test_minimal_relay_passes_c_clients_through(relay_port: int, proton_c_examples: ProtonCExamples) -> None:
+    address = unique_address("relay")
+    argv = ["127.0.0.1", str(relay_port), address, "2000"]
+    receiver = subprocess.Popen([str(proton_c_examples.receive), *argv], stdout=subprocess.PIPE, text=True)
+    sent = subprocess.run([str(proton_c_examples.send), *argv], capture_output=True, text=True, timeout=60)
+    out, _ = receiver.communicate(timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    assert "2000 messages sent and acknowledged" in sent.stdout
+    assert receiver.returncode == 0
+    assert "2000 messages received" in out
+
+
+def test_c_latency_clients_time_every_message(tmp_path: Path, qpid_flow_process: StartRouter) -> None:
+    exe = build_c_program(ROOT / "bench" / "c" / "latency.c", tmp_path)
+    router = qpid_flow_process()
+    address = unique_address("latency")
+    argv = ["127.0.0.1", str(router.port), address, "500"]
+    receiver = subprocess.Popen([str(exe), "receive", *argv], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    sent = subprocess.run([str(exe), "send", *argv, "1000"], capture_output=True, text=True, timeout=60)
+    out, _ = receiver.communicate(timeout=60)
+    produced, consumed = json.loads(sent.stdout), json.loads(out)
+    assert produced["error"] is None and produced["count"] == 500
+    assert consumed["error"] is None and consumed["count"] == 500
+    # Paced at 1,000 msg/s: 500 messages take about half a second, not an instant.
+    assert produced["last"] - produced["first"] >= 0.45
+    latencies = consumed["latencies_ms"]
+    assert len(latencies) == 500 and all(0 <= x < 5000 for x in latencies)
