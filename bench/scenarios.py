@@ -544,7 +544,8 @@ def latency(ctx: Context) -> dict[str, Any]:
       saturated rate capped to what they sustain; for information.
     """
     broker_url = ctx.broker_url()
-    broker_port = int(broker_url.rsplit(":", 1)[1])
+    assert ctx.broker is not None  # started by broker_url()
+    broker_port = ctx.broker.port
     rate, why = latency_rate(ctx)
     py_rate, py_why = python_latency_rate(ctx, rate, why)
     seconds = 4 if ctx.quick else 10
