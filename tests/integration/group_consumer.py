@@ -20,7 +20,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 
-class GroupConsumer(MessagingHandler):  # type: ignore[misc]
+class GroupConsumer(MessagingHandler):
     def __init__(self, url: str, address: str, prefetch: int, delay: float, out: Any, stuck: bool) -> None:
         super().__init__(prefetch=0, auto_accept=False)
         self.url, self.address, self.prefetch, self.delay = url, address, prefetch, delay

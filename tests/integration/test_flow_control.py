@@ -54,7 +54,7 @@ def start_router(request, qpid_flow_process):
         process = qpid_flow_process(broker_url=broker_url, config_text=config_text, extra_args=["--admin", admin])
         return Router(process, admin)
 
-    start.mode = request.param  # type: ignore[attr-defined]
+    start.mode = request.param
     return start
 
 
@@ -113,7 +113,7 @@ def test_flood_stops_at_the_threshold_and_resumes_below_the_resume_threshold(sta
     assert drained_before >= 402, f"resumed after only {drained_before} were consumed"
 
 
-class SendAndReceiveOnOneConnection(MessagingHandler):  # type: ignore[misc]
+class SendAndReceiveOnOneConnection(MessagingHandler):
     """Seed 004's deadlock case: one connection sends to a full queue and consumes another."""
 
     def __init__(self, url: str, full: str, other: str, expect: int) -> None:

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from proton import Message
@@ -104,13 +105,15 @@ def audit(
             handovers += previous is not None and previous != consumer
             previous = consumer
     for group, done in settles.items():
-        order = [seq for _, seq in sorted(done)]
-        assert order == sorted(order), f"group {group} processed out of order: {order[:20]}"
+        sequences = [seq for _, seq in sorted(done)]
+        assert sequences == sorted(sequences), f"group {group} processed out of order: {sequences[:20]}"
     # A killed consumer processed its messages in order too. Those whose accept it sent
     # but qpid-flow never received (it died first) are delivered again to the next owner
     # (at-least-once), so the survivors' order is checked apart from the dead one's.
-    for (consumer, group), done in dead_settles.items():
-        assert done == sorted(done), f"group {group} processed out of order by {consumer}: {done[:20]}"
+    for (consumer, group), dead_order in dead_settles.items():
+        assert dead_order == sorted(dead_order), (
+            f"group {group} processed out of order by {consumer}: {dead_order[:20]}"
+        )
     return accepted, handovers
 
 
@@ -232,7 +235,7 @@ def test_the_event_log_records_messages_and_groups(qpid_flow_process, tmp_path) 
     router.stop()
     records = [json.loads(line) for line in events.read_text().splitlines()]
     assert {r["v"] for r in records} == {1} and len({r["run"] for r in records}) == 1
-    kinds = {}
+    kinds: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         kinds.setdefault(record["event"], []).append(record)
     assert len(kinds["enqueue"]) == len(kinds["deliver"]) == len(kinds["transfer_settled"]) == 15

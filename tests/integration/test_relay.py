@@ -62,11 +62,11 @@ def test_ten_thousand_messages_two_producers_three_consumers(router) -> None:
     assert max(counts.values()) == 1, "a message arrived twice"
     assert all(len(c.received) > 0 for c in consumers), "a consumer got nothing"
     for m in received:
-        producer, index = key(m)
-        assert m.body == f"{producer}:{index}:".ljust(100, "x")
-        assert m.id == f"{producer}-{index}"
+        sender, index = key(m)
+        assert m.body == f"{sender}:{index}:".ljust(100, "x")
+        assert m.id == f"{sender}-{index}"
         assert m.subject == "test"
-        assert m.group_id == f"{producer}-g{index % 7}"
+        assert m.group_id == f"{sender}-g{index % 7}"
 
 
 def test_each_producers_messages_arrive_in_send_order_to_a_single_consumer(router) -> None:

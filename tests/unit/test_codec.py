@@ -11,7 +11,7 @@ from qpid_flow import codec
 
 
 def encode(**kwargs: object) -> bytes:
-    message = Message(**kwargs)  # type: ignore[arg-type]
+    message = Message(**kwargs)
     return message.encode()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any
 
 from qpid_flow.builtin.flow import Plugin as FlowPlugin
@@ -13,6 +15,9 @@ from qpid_flow.registry import Destinations
 
 
 class FakeControl:
+    registry: Destinations
+    hooks: Hooks
+
     def __init__(self, limit: int = 0) -> None:
         self.memory = MemoryMeter(limit)
         self.woken: list[str | None] = []
@@ -38,10 +43,11 @@ def setup(toml: dict[str, Any], limit: int = 0) -> tuple[Hooks, Destinations, Fa
     hooks.configure(config=config)
     control = FakeControl(limit)
     registry = Destinations(config, hooks, control.memory)
-    control.registry = registry  # type: ignore[attr-defined]
-    control.hooks = hooks  # type: ignore[attr-defined]
+    control.registry = registry
+    control.hooks = hooks
     hooks.started(control=control)
     flow = pm.get_plugin("flow")
+    assert isinstance(flow, FlowPlugin)
     return hooks, registry, control, flow
 
 
@@ -81,7 +87,7 @@ def test_no_credit_while_stopped_and_credit_again_below_resume() -> None:
     assert hooks.producer_credit(producer=producer, destination=orders) == 0
     consumerless = list(orders.queue)
     for message in consumerless[:401]:  # depth 500: still ON
-        orders.queue.remove_where(lambda m, target=message: m is target)
+        orders.queue.remove_where(functools.partial(operator.is_, message))
         orders.count_out(message)
     assert hooks.producer_credit(producer=producer, destination=orders) == 0
     message = consumerless[401]

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pika.exceptions
 import pytest
@@ -23,6 +23,21 @@ from qpid_flow_rabbitmq_depth import (
 )
 from qpid_flow_rabbitmq_depth import reader as reader_module
 from qpid_flow_rabbitmq_depth import worker as worker_module
+
+if TYPE_CHECKING:
+    from qpid_flow.control import RouterControl
+    from qpid_flow.destination import Destination as RouterDestination
+
+
+def as_control(fake: object) -> RouterControl:
+    """A test stand-in, passed where the plugin takes the router's control."""
+    return cast("RouterControl", fake)
+
+
+def as_destination(fake: object) -> RouterDestination:
+    """A test stand-in, passed where the plugin takes a destination."""
+    return cast("RouterDestination", fake)
+
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672"
 
@@ -151,9 +166,9 @@ def started(broker: FakeBroker, *destinations: FakeDestination, **settings: Any)
     p = make_plugin(broker)
     p.qpid_flow_configure(config=config(**settings))
     control = FakeControl(*destinations)
-    p.qpid_flow_started(control=control)
+    p.qpid_flow_started(control=as_control(control))
     for destination in destinations:
-        p.qpid_flow_destination_created(destination=destination)
+        p.qpid_flow_destination_created(destination=as_destination(destination))
     return p, control
 
 
@@ -262,8 +277,8 @@ def test_standalone_does_nothing_at_all() -> None:
     p = make_plugin(broker, threaded=True)
     p.qpid_flow_configure(config=config(broker=None, interval="nonsense is not even read"))
     control = FakeControl(FakeDestination("orders"))
-    p.qpid_flow_started(control=control)
-    p.qpid_flow_destination_created(destination=FakeDestination("orders"))
+    p.qpid_flow_started(control=as_control(control))
+    p.qpid_flow_destination_created(destination=as_destination(FakeDestination("orders")))
     p.qpid_flow_stopping()
     assert p.worker is None
     assert (broker.connects, control.calls) == (0, 0)
@@ -340,7 +355,7 @@ def test_a_new_destination_is_read_before_the_interval_is_up() -> None:
 
     late = FakeDestination("late")
     control.destinations["late"] = late
-    p.qpid_flow_destination_created(destination=late)
+    p.qpid_flow_destination_created(destination=as_destination(late))
     clock[0] = 1.0
     assert worker._step(next_full) == 3600.0
     assert (orders.backlogs, late.backlogs) == ([5], [7])  # only the new one was read
@@ -408,8 +423,8 @@ def test_the_thread_polls_at_start_retries_through_an_outage_and_stops(logs: Rec
     p.qpid_flow_configure(config=config(interval="100ms"))
     assert p.worker is not None
     p.worker._max_backoff = 0.1
-    p.qpid_flow_destination_created(destination=orders)  # created before start: still read
-    p.qpid_flow_started(control=FakeControl(orders))
+    p.qpid_flow_destination_created(destination=as_destination(orders))  # created before start: still read
+    p.qpid_flow_started(control=as_control(FakeControl(orders)))
     try:
         assert wait_for(lambda: broker.connects >= 3)
         broker.down = False
@@ -442,8 +457,8 @@ def test_an_unexpected_error_does_not_kill_the_thread(logs: RecordingLog) -> Non
         real(callback)
 
     control.call_from_thread = flaky  # type: ignore[method-assign]
-    p.qpid_flow_destination_created(destination=orders)
-    p.qpid_flow_started(control=control)
+    p.qpid_flow_destination_created(destination=as_destination(orders))
+    p.qpid_flow_started(control=as_control(control))
     try:
         assert wait_for(lambda: orders.backlogs == [1] or len(orders.backlogs) > 1)
     finally:

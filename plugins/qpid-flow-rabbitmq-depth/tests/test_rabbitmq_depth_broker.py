@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pika
 import pytest
@@ -27,6 +27,20 @@ if str(PROJECT_ROOT) not in sys.path:
 
 from tests.integration.harness.broker import Broker, BrokerError  # noqa: E402
 from tests.integration.harness.rabbitmq import make_broker  # noqa: E402
+
+if TYPE_CHECKING:
+    from qpid_flow.control import RouterControl
+    from qpid_flow.destination import Destination as RouterDestination
+
+
+def as_control(fake: object) -> RouterControl:
+    """A test stand-in, passed where the plugin takes the router's control."""
+    return cast("RouterControl", fake)
+
+
+def as_destination(fake: object) -> RouterDestination:
+    """A test stand-in, passed where the plugin takes a destination."""
+    return cast("RouterDestination", fake)
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +159,8 @@ def test_the_plugin_thread_delivers_a_real_backlog(rabbitmq: Broker) -> None:
     plugin.qpid_flow_configure(
         config=RouterConfig(broker=rabbitmq.url, plugins={"rabbitmq_depth": {"interval": "200ms"}})
     )
-    plugin.qpid_flow_destination_created(destination=destination)
-    plugin.qpid_flow_started(control=Control())
+    plugin.qpid_flow_destination_created(destination=as_destination(destination))
+    plugin.qpid_flow_started(control=as_control(Control()))
     try:
         deadline = time.monotonic() + 10
         while destination.backlogs[-1:] != [11] and time.monotonic() < deadline:
