@@ -82,6 +82,7 @@ class Message:
         "on_dequeue",
         "origin",
         "producer_id",
+        "queue_handle",
         "sequence",
         "size",
         "upstream_epoch",
@@ -111,6 +112,9 @@ class Message:
         self.sequence = next(_message_sequence)
         self.delivery_count = 0
         self.enqueued_at = 0.0
+        # The queue's own note on the message while a consumer holds it (a grouped queue:
+        # the group it went out in); opaque to everyone else.
+        self.queue_handle: Any = None
         self._group_id: Any = _UNREAD
 
     def group_id(self, header: str | None = None) -> Any:

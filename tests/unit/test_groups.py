@@ -325,3 +325,30 @@ def test_with_only_the_builtin_chooser_a_lone_consumer_takes_free_groups(info_lo
     for group in ("A", "B", "C"):
         dest.enqueue(msg(f"{group}-1", group))
     assert names(wire, wire.sent[0][0]) == ["A-1", "B-1", "C-1"]
+
+
+def test_grouping_switched_off_and_on_keeps_held_groups_with_their_holders(info_logging: Any) -> None:
+    """A grouped queue notes on each message the group it went out in; a queue installed
+    later (grouping off, then on again) must not be misled by an earlier queue's note."""
+    dest = _grouped_by_plugin()
+    wire = Wire()
+    first = add(dest, wire, 1)
+    dest.enqueue(msg("A-1", "A"))
+    dest.enqueue(msg("A-2", "A"))
+    held = wire.sent[0][1]
+    assert names(wire, first) == ["A-1"]
+
+    dest.policy = DestinationPolicy(pattern="q", shared_groups=False)
+    dest.hooks.destination_policy_changed(destination=dest)
+    dest.policy = DestinationPolicy(pattern="q", shared_groups=True)
+    dest.hooks.destination_policy_changed(destination=dest)
+    queue = dest.queue
+    assert isinstance(queue, GroupedQueue)
+
+    second = add(dest, wire, 10)
+    assert names(wire, second) == [], "A is still out to the first consumer: A-2 waits"
+    dest.settle(first, held, Settlement.accepted())
+    assert names(wire, second) == ["A-2"], "A was freed in the queue now installed; the first has no credit"
+    assert [(g["ownerId"], g["held"], g["waiting"]) for g in queue.describe()] == [(second.id, 1, 0)]
+    dest.settle(second, wire.sent[-1][1], Settlement.accepted())
+    assert queue.group_count == 0 and len(queue) == 0
