@@ -47,6 +47,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the threads of a process spent runnable but waiting for a CPU, in seconds.
+
+    The second field of /proc/PID/task/TID/schedstat (nanoseconds). On a machine with
+    fewer cores than busy processes this is the queueing behind a latency tail."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended between listing and reading
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size now, from /proc/PID/statm."""
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
@@ -61,21 +73,26 @@ def peak_rss_bytes(pid: int) -> int:
 
 
 class CpuMeter:
-    """CPU seconds a set of processes used between start() and stop()."""
+    """CPU seconds a set of processes used between start() and stop(), and the seconds
+    they waited for a CPU while runnable (``waited``)."""
 
     def __init__(self, **pids: int | None) -> None:
         self.pids = {name: pid for name, pid in pids.items() if pid}
         self.start_values: dict[str, float] = {}
+        self.start_waits: dict[str, float] = {}
         self.used: dict[str, float] = {}
+        self.waited: dict[str, float] = {}
 
     def start(self) -> CpuMeter:
         self.start_values = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.start_waits = {name: runqueue_wait_seconds(pid) for name, pid in self.pids.items()}
         return self
 
     def stop(self) -> dict[str, float]:
         for name, pid in self.pids.items():
             with contextlib.suppress(OSError):
                 self.used[name] = cpu_seconds(pid) - self.start_values[name]
+                self.waited[name] = runqueue_wait_seconds(pid) - self.start_waits[name]
         return self.used
 
 

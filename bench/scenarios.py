@@ -226,15 +226,22 @@ StartClients = Callable[[int, float], tuple[Proc, Proc]]
 
 
 def latency_run(
-    procs: Processes, clients: StartClients, count: int, rate: float, server_pid: int | None
+    procs: Processes,
+    clients: StartClients,
+    count: int,
+    rate: float,
+    server_pid: int | None,
+    broker_pid: int | None = None,
 ) -> dict[str, Any]:
     """One paced run: ``clients(count, rate)`` starts the timing consumer, then the paced
     producer, and returns both (either pair prints the same JSON result)."""
-    meter = CpuMeter(server=server_pid).start()
+    meter = CpuMeter(server=server_pid, broker=broker_pid).start()
+    t0 = time.perf_counter()
     consumer, producer = clients(count, rate)
     produced = client_result(producer, RUN_TIMEOUT + 30)
     consumed = client_result(consumer, RUN_TIMEOUT + 30)
     cpu = meter.stop()
+    elapsed = time.perf_counter() - t0
     latencies = consumed["latencies_ms"]
     warmup = max(100, len(latencies) // 50)  # connection set-up and the first credit grants
     steady = latencies[warmup:] or latencies
@@ -250,6 +257,9 @@ def latency_run(
     }
     if "server" in cpu:
         out["cpu_us"] = 1e6 * cpu["server"] / count
+    # Share of the run each process spent runnable but waiting for a core (percent).
+    for name, waited in meter.waited.items():
+        out[f"{name}_runq_pct"] = 100 * waited / elapsed
     return out
 
 
@@ -561,11 +571,13 @@ def latency(ctx: Context) -> dict[str, Any]:
         counts[key] = count
 
         def direct(procs: Processes, r: float = point_rate, n: int = count, c: str = kind) -> dict[str, Any]:
-            return latency_run(procs, latency_clients(ctx, c, procs, broker_port, broker_url), n, r, None)
+            clients = latency_clients(ctx, c, procs, broker_port, broker_url)
+            return latency_run(procs, clients, n, r, None, ctx.broker_pid())
 
         def through(procs: Processes, r: float = point_rate, n: int = count, c: str = kind) -> dict[str, Any]:
             server = start_qpid_flow(procs, broker_url=broker_url)
-            return latency_run(procs, latency_clients(ctx, c, procs, server.port, server.url), n, r, server.pid)
+            clients = latency_clients(ctx, c, procs, server.port, server.url)
+            return latency_run(procs, clients, n, r, server.pid, ctx.broker_pid())
 
         paths[f"{key}_direct"] = direct
         paths[f"{key}_through"] = through
@@ -588,6 +600,8 @@ def latency(ctx: Context) -> dict[str, Any]:
                     spread_fmt((r["p99_ms"] for r in ok), 2),
                     spread_fmt((r["max_ms"] for r in ok), 1),
                     spread_fmt((r.get("cpu_us") for r in ok), 1),
+                    spread_fmt((r.get("server_runq_pct") for r in ok), 1),
+                    spread_fmt((r.get("broker_runq_pct") for r in ok), 1),
                     f"{len(ok)}/{len(runs[name])}",
                 ]
             )
@@ -596,7 +610,15 @@ def latency(ctx: Context) -> dict[str, Any]:
         f"C clients (bench/c/latency.c) at {rate:,.0f} msg/s ({why}) and {LOW_LATENCY_RATE:,.0f} msg/s, "
         f"Python clients (bench/pyclients.py) at {py_rate:,.0f} msg/s ({py_why}); "
         f"{seconds} s of messages per run, {ctx.rounds} rounds",
-        *capture_table(["path", "sent msg/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "CPU us/msg", "runs"], rows),
+        *capture_table(
+            [
+                *["path", "sent msg/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "CPU us/msg"],
+                *["qf runq %", "broker runq %", "runs"],
+            ],
+            rows,
+        ),
+        "runq %: share of the run qpid-flow (qf) / RabbitMQ spent runnable but waiting for a core "
+        "(/proc/PID/task/*/schedstat)",
     ]
     for key, point_rate, _why, kind in points:
         table.append(
