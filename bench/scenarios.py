@@ -231,7 +231,7 @@ def latency_run(
     count: int,
     rate: float,
     server_pid: int | None,
-    broker_pid: int | None = None,
+    broker_pid: int | None,
 ) -> dict[str, Any]:
     """One paced run: ``clients(count, rate)`` starts the timing consumer, then the paced
     producer, and returns both (either pair prints the same JSON result)."""
