@@ -13,9 +13,12 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qpid_flow.flow import FlowLimits, LimitError, flow_limits
+
+if TYPE_CHECKING:
+    from qpid_flow.brokers import BrokerAddress
 
 __all__ = [
     "ConfigError",
@@ -122,9 +125,11 @@ def _host_port(value: Any, key: str) -> str:
 
 
 def _broker_url(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not re.match(r"^amqps?://[^\s/]+(/.*)?$", value):
-        raise ConfigError(key, value, "must be a URL such as amqp://user:password@host:5672")
-    return value
+    """One broker URL or several (a comma-separated string or a TOML array), tried in order:
+    kept as one normalised comma-joined string, which is what the rest of the router reads."""
+    from qpid_flow.brokers import parse_broker_list  # not at the top: brokers imports this module
+
+    return ",".join(address.url for address in parse_broker_list(value, key))
 
 
 def _one_of(*choices: str) -> Callable[[Any, str], str]:
@@ -256,7 +261,7 @@ class RouterConfig:
     """Router-wide settings, destination policies and plugin settings."""
 
     listen: str = "127.0.0.1:5673"
-    broker: str | None = None
+    broker: str | None = None  # comma-separated broker URLs, tried in order
     admin: str | None = None
     producer_window: int = 100
     consumer_lookahead: int = 200
@@ -282,6 +287,13 @@ class RouterConfig:
     @property
     def standalone(self) -> bool:
         return self.broker is None
+
+    @property
+    def broker_addresses(self) -> list[BrokerAddress]:
+        """The brokers to connect to, in failover order; none when standalone."""
+        from qpid_flow.brokers import parse_broker_list  # not at the top: brokers imports this module
+
+        return [] if self.broker is None else parse_broker_list(self.broker)
 
     def plugin_settings(self, name: str) -> dict[str, Any]:
         """The ``[plugins.NAME]`` table, empty when absent."""
