@@ -262,6 +262,7 @@ class RouterConfig:
 
     listen: str = "127.0.0.1:5673"
     broker: str | None = None  # comma-separated broker URLs, tried in order
+    broker_dialect: str = "auto"  # how the broker names queues (qpid_flow.dialect): auto, rabbitmq, plain
     admin: str | None = None
     producer_window: int = 100
     consumer_lookahead: int = 200
@@ -335,6 +336,7 @@ def resolve_policy(
 _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "listen": _host_port,
     "broker": _broker_url,
+    "broker_dialect": _one_of("auto", "rabbitmq", "plain"),
     "admin": _host_port,
     "producer_window": _positive_int,
     "consumer_lookahead": _positive_int,

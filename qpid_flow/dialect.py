@@ -1,0 +1,106 @@
+"""Which queue an address names, as the broker behind qpid-flow reads it.
+
+qpid-flow counts depth, matches policies and keeps statistics per destination. RabbitMQ's
+AMQP 1.0 plugin (3.x) reads several spellings as one queue: ``orders``, ``/queue/orders`` and
+``/amq/queue/orders`` all name queue ``orders``. Taken literally they would be three
+destinations, each with a part of the depth, and a ``flow_stop_count`` would never see the
+queue's real depth. ``/exchange/E``, ``/exchange/E/KEY`` and ``/topic/KEY`` are no queue at
+all: each receiver gets a private queue of its own and a sent message fans out, so there is
+no depth qpid-flow could count for them.
+
+Other brokers (Artemis, Qpid, ActiveMQ) and standalone mode take the address as the queue
+name, unchanged: the plain dialect.
+
+Address parsing follows RabbitMQ 3.10's ``rabbit_routing_util:parse_endpoint``: "/" splits
+segments, and in a queue name only ``%2F`` (upper case, exactly) is decoded, to "/"; every
+other ``%xx`` stays as written. Addresses RabbitMQ refuses (``/queue/``, ``/queue/a/b``,
+``foo/bar``) name no queue: qpid-flow keeps no depth for them and the broker answers the
+attach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["PLAIN", "RABBITMQ", "Dialect", "Node", "PlainDialect", "RabbitMQDialect", "dialect_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """What an address names on the broker."""
+
+    name: str  # the destination name policies match and statistics show
+    is_queue: bool  # False: an exchange or topic (or nothing): qpid-flow keeps no depth for it
+
+
+class Dialect(Protocol):
+    """How one kind of broker reads addresses."""
+
+    name: str
+
+    def node(self, address: str) -> Node:
+        """The node ``address`` names."""
+        ...
+
+
+# The prefixes whose single segment that follows is a queue name (RabbitMQ unescapes it).
+_QUEUE_PREFIXES = ("/queue/", "/amq/queue/")
+# RabbitMQ takes everything after this prefix as the name of an existing queue, verbatim
+# (no unescaping, "/" allowed): the form AMQP 0-9-1 reply-to addresses come back in.
+_REPLY_QUEUE_PREFIX = "/reply-queue/"
+
+
+def _unescape(name: str) -> str:
+    return name.replace("%2F", "/")  # as RabbitMQ does: this one escape, upper case only
+
+
+class RabbitMQDialect:
+    """RabbitMQ's AMQP 1.0 plugin: ``X``, ``/queue/X`` and ``/amq/queue/X`` are queue X."""
+
+    __slots__ = ()
+    name = "rabbitmq"
+
+    def node(self, address: str) -> Node:
+        if "/" not in address:
+            # An empty address is no queue name (RabbitMQ would make up a name of its own).
+            return Node(_unescape(address), True) if address else Node(address, False)
+        for prefix in _QUEUE_PREFIXES:
+            if address.startswith(prefix):
+                name = address[len(prefix) :]
+                if name and "/" not in name:
+                    return Node(_unescape(name), True)
+                return Node(address, False)
+        if address.startswith(_REPLY_QUEUE_PREFIX) and len(address) > len(_REPLY_QUEUE_PREFIX):
+            return Node(address[len(_REPLY_QUEUE_PREFIX) :], True)
+        # /exchange/..., /topic/..., /queue (routed by subject), /temp-queue/..., or refused.
+        return Node(address, False)
+
+
+class PlainDialect:
+    """Brokers that take the address as the queue name (Artemis, Qpid, ActiveMQ, standalone)."""
+
+    __slots__ = ()
+    name = "plain"
+
+    def node(self, address: str) -> Node:
+        return Node(address, True)
+
+
+RABBITMQ = RabbitMQDialect()
+PLAIN = PlainDialect()
+
+
+def dialect_for(setting: str, product: str | None = None) -> Dialect:
+    """The dialect for the ``broker_dialect`` setting.
+
+    ``"auto"`` picks RabbitMQ's when the broker's open frame names ``product`` "RabbitMQ" (in
+    any case), the plain one otherwise; ``"rabbitmq"`` and ``"plain"`` force one."""
+    if setting == "rabbitmq":
+        return RABBITMQ
+    if setting == "plain":
+        return PLAIN
+    if setting == "auto":
+        is_rabbitmq = isinstance(product, str) and product.strip().casefold() == "rabbitmq"
+        return RABBITMQ if is_rabbitmq else PLAIN
+    raise ValueError(f"broker_dialect {setting!r}: must be one of auto, rabbitmq, plain")
