@@ -3,6 +3,11 @@
 Proton's reactor lets an exception from a handler end ``Container.run()``: one bad
 event would stop qpid-flow for every client. Handlers decorated here log the error
 and close the connection the event belongs to with ``amqp:internal-error``.
+
+Closing is what makes the error visible: a handler that fails half-way through a
+delivery or a credit update leaves its link in a state nobody will move again, and
+the peer would wait on it forever. Closed, the client sees the condition and its own
+reconnect takes over, while every other connection carries on.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
-from proton import Condition, Endpoint
+from proton import Condition, Connection, Endpoint
 
 __all__ = ["contain_errors"]
 
@@ -20,12 +25,43 @@ log = structlog.get_logger("qpid_flow.guard")
 
 H = TypeVar("H", bound=type)
 
+INTERNAL_ERROR = "amqp:internal-error"
 
-def _close_connection_of(event: Any) -> None:
+
+def _connection_of(event: Any) -> Connection | None:
+    """The connection ``event`` belongs to, for every kind of event qpid-flow handles.
+
+    Proton's ``Event`` has it; the data path's lean ``DeliveryEvent`` and ``LinkFlowEvent``
+    (:mod:`qpid_flow.endpoints`) carry only their link. A timer has none."""
     connection = getattr(event, "connection", None)
-    if connection is not None and connection.state & Endpoint.LOCAL_ACTIVE:
-        connection.condition = Condition("amqp:internal-error", "qpid-flow failed on this connection")
-        connection.close()
+    if connection is None:
+        link = getattr(event, "link", None)
+        connection = link.connection if link is not None else None
+    return connection
+
+
+def _contain(handler: Any, method: str, event: Any, error: Exception) -> None:
+    """Log ``error`` and close the connection of ``event`` with ``amqp:internal-error``.
+
+    Never raises: this runs where the reactor would otherwise see the exception."""
+    where = {"handler": type(handler).__name__, "method": method}
+    connection: Connection | None = None
+    connection_id = None
+    try:
+        connection = _connection_of(event)
+        connection_id = getattr(connection, "qf_id", None)
+    except Exception as lookup_error:
+        # Still log the handler's own error below, and close nothing: no way to know what.
+        log.error("handler_error_connection_unknown", **where, exc_info=lookup_error)
+    log.error("handler_error", **where, connection=connection_id, exc_info=error)
+    if connection is None:
+        return
+    try:
+        if not connection.state & Endpoint.LOCAL_CLOSED:
+            connection.condition = Condition(INTERNAL_ERROR, "qpid-flow failed on this connection")
+            connection.close()
+    except Exception as close_error:
+        log.error("handler_error_close_failed", **where, connection=connection_id, exc_info=close_error)
 
 
 def _guard(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -33,9 +69,8 @@ def _guard(method: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(self: Any, event: Any) -> Any:
         try:
             return method(self, event)
-        except Exception:
-            log.exception("handler_error", handler=type(self).__name__, method=method.__name__)
-            _close_connection_of(event)
+        except Exception as error:
+            _contain(self, method.__name__, event, error)
             return None
 
     return guarded
