@@ -8,7 +8,7 @@ from proton import Condition, Delivery
 from qpid_flow.endpoints import LeanDelivery
 from qpid_flow.model import Outcome, Settlement
 
-__all__ = ["apply_settlement", "remote_settlement"]
+__all__ = ["apply_settlement", "relay_state", "remote_settlement"]
 
 _TERMINAL = {
     Delivery.ACCEPTED: Outcome.ACCEPTED,
@@ -61,3 +61,41 @@ def apply_settlement(delivery: LeanDelivery, settlement: Settlement) -> None:
         full.local.undeliverable = settlement.undeliverable_here
     full.update(_STATE[outcome])
     full.settle()
+
+
+def relay_state(source: LeanDelivery, target: LeanDelivery) -> Settlement | None:
+    """Give ``target`` the state the peer gave ``source``, as it was given, settling it when
+    the peer settled: how a consumer's outcome reaches the broker in front of one.
+
+    Accepted and released take the short path; every other state (rejected with its
+    condition, modified with its flags and annotations, received) is copied through
+    Proton's full wrapper. Returns the terminal outcome, or None while there is none.
+    """
+    state = source.remote_state
+    settled = source.settled
+    if state in (PN_ACCEPTED, PN_RELEASED):
+        if not settled:
+            target.proton().update(state)
+            return None
+        target.settle_as(state)
+        return Settlement.accepted() if state == PN_ACCEPTED else Settlement.released()
+    settlement = remote_settlement(source)
+    if state:
+        remote = source.proton().remote
+        full = target.proton()
+        local = full.local
+        if state == Delivery.REJECTED:
+            local.condition = remote.condition
+        elif state == Delivery.MODIFIED:
+            local.failed = remote.failed
+            local.undeliverable = remote.undeliverable
+            local.annotations = remote.annotations
+        elif state == Delivery.RECEIVED:
+            local.section_number = remote.section_number
+            local.section_offset = remote.section_offset
+        elif state not in _TERMINAL:
+            local.data = remote.data  # a state of another kind (transactional): as it came
+        full.update(state)
+    if settled:
+        target.settle()
+    return settlement if settled else None

@@ -167,7 +167,7 @@ class Router(Handler):
         address = link.remote_target.address or None
         destination = None
         if address is not None:
-            destination = self.destinations.get(address)
+            destination = self.destination_for(address)
             if destination is None:
                 self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
                 return
@@ -178,7 +178,19 @@ class Router(Handler):
         if self.config.max_message_size:
             link.max_message_size = self.config.max_message_size
         link.open()
-        producer = Producer(address, name=link.name, connection_id=link.connection.qf_id)
+        self._start_producer(link, destination)
+
+    def destination_for(self, address: str) -> Destination | None:
+        """The destination an address names (created if allowed); None if there is none."""
+        return self.destinations.get(address)
+
+    def _start_producer(self, link: Link, destination: Destination | None) -> Producer:
+        """Count an opened producer link in, and give it its first credit."""
+        producer = Producer(
+            destination.address if destination is not None else None,
+            name=link.name,
+            connection_id=link.connection.qf_id,
+        )
         link.qf_producer = producer
         keep_link(link)
         self._producers[producer.id] = (producer, link)
@@ -186,8 +198,9 @@ class Router(Handler):
             destination.producers.add(producer)
             self.backend.producer_attached(destination)
         self.hooks.producer_attached(producer=producer, destination=destination)
-        log.debug("producer_attached", link=producer.id, address=address, connection=producer.connection_id)
+        log.debug("producer_attached", link=producer.id, address=producer.address, connection=producer.connection_id)
         self._grant(producer, link)
+        return producer
 
     def _attach_consumer(self, link: Link) -> None:
         source = link.remote_source
@@ -198,7 +211,7 @@ class Router(Handler):
         if not address:
             self._refuse_link(link, "amqp:invalid-field", "a consumer link needs a source address")
             return
-        destination = self.destinations.get(address)
+        destination = self.destination_for(address)
         if destination is None:
             self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
             return
@@ -207,14 +220,22 @@ class Router(Handler):
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         link.open()
-        consumer = Consumer(address, self._deliver, presettled, name=link.name, connection_id=link.connection.qf_id)
+        self._start_consumer(link, destination)
+
+    def _start_consumer(self, link: Link, destination: Destination) -> Consumer:
+        """Make an opened consumer link one of ``destination``'s consumers."""
+        presettled = link.snd_settle_mode == Link.SND_SETTLED
+        consumer = Consumer(
+            destination.address, self._deliver, presettled, name=link.name, connection_id=link.connection.qf_id
+        )
         link.qf_consumer = consumer
         keep_link(link)
         self._consumers[consumer.id] = (consumer, link)
         self._sent[consumer.id] = {}
         destination.add_consumer(consumer)
         self.backend.consumer_attached(destination)
-        log.debug("consumer_attached", link=consumer.id, address=address, connection=consumer.connection_id)
+        log.debug("consumer_attached", link=consumer.id, address=destination.address, connection=consumer.connection_id)
+        return consumer
 
     def _link_gone(self, link: Link) -> None:
         """Forget a link (idempotent): release what a consumer held, drop a producer."""
@@ -315,11 +336,11 @@ class Router(Handler):
                     delivery, presettled, "amqp:invalid-field", "an anonymous-relay transfer needs a 'to' address"
                 )
                 return
-        destination = self.destinations.get(address)
+        destination = self.destination_for(address)
         if destination is None:
             self._refuse_transfer(delivery, presettled, "amqp:not-found", f"no destination {address!r}")
             return
-        message = Message(data, address, producer.id)
+        message = Message(data, destination.address, producer.id)
         if not presettled:
             message.origin = delivery
             producer.unsettled += 1

@@ -24,7 +24,9 @@ from qpid_flow.backend import Backend
 from qpid_flow.bridge import ReactorBridge
 from qpid_flow.config import RouterConfig
 from qpid_flow.control import RouterControl
+from qpid_flow.gate import BrokerGate
 from qpid_flow.io import RelayContainer
+from qpid_flow.linkroute import BrokerRouter
 from qpid_flow.manager import Hooks, build_plugin_manager
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.operations import Operations
@@ -55,20 +57,23 @@ class Server(Handler):
         self.container = RelayContainer(container_id=f"qpid-flow-{socket.gethostname()}-{os.getpid()}")
         self.memory = MemoryMeter(config.memory_limit)
         self.destinations = Destinations(config, self.hooks, self.memory)
-        self.router = Router(config, self.hooks, self.destinations, StandaloneBackend(), self.memory)
-        self.backend: Backend
+        self.router: Router
+        self.group_reader: BrokerBackend | None = None
         if config.broker is None:
-            self.backend = self.router.backend
+            self.router = Router(config, self.hooks, self.destinations, StandaloneBackend(), self.memory)
         else:
-            self.backend = BrokerBackend(
+            # In front of a broker: every client mirrored on a connection of its own
+            # (linkroute); qpid-flow's own connection reads grouped destinations.
+            self.group_reader = BrokerBackend(
                 self.container,
                 config,
                 self.destinations,
-                on_writable=self.router.grant_all,
-                on_link_failed=self.router.upstream_link_failed,
+                on_writable=lambda: None,
+                on_link_failed=lambda *failure: self.router.upstream_link_failed(*failure),
                 memory=self.memory,
             )
-            self.router.backend = self.backend
+            self.router = BrokerRouter(config, self.hooks, self.destinations, self.group_reader, self.memory)
+        self.backend: Backend = self.router.backend
         self.bridge = ReactorBridge()
         self.control = RouterControl(
             self.container, self.router, self.destinations, self.bridge, self.memory, self.hooks
@@ -86,13 +91,23 @@ class Server(Handler):
         host, port = self.config.listen.rsplit(":", 1)
         self.container.handler = self.router
         self.container.selectable(self.bridge.injector)
-        self._acceptor = self.container.listen(f"{host}:{port}")
+        if isinstance(self.router, BrokerRouter):
+            self._acceptor = BrokerGate(
+                self.container,
+                host,
+                int(port),
+                self.config.broker_addresses,
+                on_pair=self.router.pair_opened,
+                handler=self.router,
+            )
+        else:
+            self._acceptor = self.container.listen(f"{host}:{port}")
         if self.admin is not None:
             self.admin.start()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
-        if isinstance(self.backend, BrokerBackend):
-            self.backend.start()
+        if self.group_reader is not None:
+            self.group_reader.start()
         log.info(
             "listening",
             listen=self.config.listen,

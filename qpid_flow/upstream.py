@@ -48,15 +48,6 @@ _ACCEPTED = Settlement.accepted()
 _RELEASED = Settlement.released()
 
 
-def _redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    userinfo, host = rest.rsplit("@", 1)
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
-
-
 class _Sender:
     """The upstream sender of one target address and the messages waiting for it."""
 
@@ -96,8 +87,9 @@ class BrokerBackend(Handler):
         memory: MemoryMeter | None = None,
     ) -> None:
         super().__init__()
-        assert config.broker is not None
-        self.url = config.broker
+        self._brokers = config.broker_addresses
+        assert self._brokers, "BrokerBackend needs a broker"
+        self._broker_index = 0  # which broker of the list: tried in order, from the first
         self._container = container
         self._lookahead = config.consumer_lookahead
         self._max_delay = config.reconnect_max_delay
@@ -122,15 +114,16 @@ class BrokerBackend(Handler):
 
     def _connect(self) -> None:
         self.epoch += 1
-        log.info("upstream_connecting", broker=_redact(self.url), attempt_delay=self._delay)
-        self._connection = self._container.connect(self.url, handler=self, reconnect=False)
+        broker = self._brokers[self._broker_index]
+        log.info("upstream_connecting", broker=broker.redacted, attempt_delay=self._delay)
+        self._connection = self._container.connect(broker.url, handler=self, reconnect=False)
 
     def on_connection_remote_open(self, event: Event) -> None:
         if event.connection != self._connection:
             return
         self.connected = True
         self._delay = 0.0
-        log.info("upstream_connected", broker=_redact(self.url), epoch=self.epoch)
+        log.info("upstream_connected", broker=self._brokers[self._broker_index].redacted, epoch=self.epoch)
         for sender in self._senders.values():
             self._open_sender(sender)
         for receiver in self._receivers.values():
@@ -182,9 +175,15 @@ class BrokerBackend(Handler):
         if self.closing:
             return
         if was_connected:
-            log.warning("upstream_disconnected", broker=_redact(self.url))
-        self._delay = min(self._max_delay, max(0.1, self._delay * 2))
-        self._container.schedule(self._delay, self)
+            log.warning("upstream_disconnected", broker=self._brokers[self._broker_index].redacted)
+            self._broker_index = 0  # the first of the list again, then the others
+            self._delay = 0.0
+        else:
+            self._broker_index = (self._broker_index + 1) % len(self._brokers)
+        # Back off once the whole list has been tried.
+        if self._broker_index == 0:
+            self._delay = min(self._max_delay, max(0.1, self._delay * 2))
+        self._container.schedule(self._delay if self._broker_index == 0 else 0.0, self)
 
     def on_timer_task(self, event: Event) -> None:
         if not self.closing and self._connection is None:
