@@ -1,0 +1,626 @@
+"""BrokerRouter (linkroute.py) in memory: frames in from a client and a broker, frames out.
+
+In the spirit of mitmproxy's Playbook: no socket, no broker process. Four real Proton engine
+ends per client (:mod:`tests.unit.proton_pairs`): the client, qpid-flow's client-facing
+connection (server, no SASL: the gate did it), qpid-flow's upstream connection and the
+broker. qpid-flow's two connections share one collector, as they share the container's,
+and its events reach the router the way ``RelayContainer.process`` hands them over. The
+test plays the client and the broker by hand and checks what each of them sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+import structlog
+from proton import (
+    Collector,
+    Condition,
+    Data,
+    Delivery,
+    Described,
+    Endpoint,
+    Link,
+    Message,
+    Receiver,
+    Sender,
+    Session,
+    SymbolList,
+    Terminus,
+    symbol,
+)
+
+from qpid_flow.brokers import BrokerAddress
+from qpid_flow.config import RouterConfig, build_config
+from qpid_flow.destination import Destination
+from qpid_flow.linkroute import BrokerRouter
+from qpid_flow.manager import BUILTIN_PLUGINS, Hooks, build_plugin_manager
+from qpid_flow.memory import MemoryMeter
+from qpid_flow.registry import Destinations
+from qpid_flow.upstream import BrokerBackend
+from tests.unit.proton_pairs import End, dispatch, move_bytes
+
+BROKER = BrokerAddress("amqp", "broker.test", 5672, user="app", password="secret", vhost="v1")
+SELECTOR = symbol("apache.org:selector-filter:string")
+
+
+class GroupReader:
+    """What BrokerRouter uses of :class:`BrokerBackend`: only shared_groups destinations call it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def consumer_attached(self, destination: Destination) -> None:
+        self.calls.append(("consumer_attached", destination.address))
+
+    def consumer_detached(self, destination: Destination) -> None:
+        self.calls.append(("consumer_detached", destination.address))
+
+    def demand_changed(self, destination: Destination) -> None:
+        self.calls.append(("demand_changed", destination.address))
+
+    def in_flight(self) -> int:
+        return 0
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", ""))
+
+
+@dataclass
+class Pair:
+    """A client, qpid-flow's two connections for it, and its broker connection."""
+
+    client: End
+    facing: End  # qpid-flow's side of the client's connection
+    upstream: End  # qpid-flow's connection to the broker, for this client only
+    broker: End
+
+
+def _builtin_hooks(config: RouterConfig) -> Hooks:
+    """The built-in policies only (an installed plugin is not BrokerRouter's business), set
+    up as server.py does."""
+    pm = build_plugin_manager([])
+    for name, _plugin in list(pm.list_name_plugin()):
+        if name not in BUILTIN_PLUGINS or name == "events":
+            pm.unregister(name=name)
+    Hooks(pm).configure(config=config)
+    return Hooks(pm)
+
+
+@dataclass
+class Rig:
+    """A BrokerRouter built from real qpid-flow objects, and the pairs it mirrors."""
+
+    config: RouterConfig = field(default_factory=lambda: build_config({"broker": BROKER.url}))
+    group_reader: GroupReader = field(default_factory=GroupReader)
+    collector: Collector = field(default_factory=Collector)  # qpid-flow's, for all its connections
+    pairs: list[Pair] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        hooks = _builtin_hooks(self.config)
+        memory = MemoryMeter()
+        self.destinations = Destinations(self.config, hooks, memory)
+        self.router = BrokerRouter(
+            self.config, hooks, self.destinations, cast(BrokerBackend, self.group_reader), memory
+        )
+
+    def connect(self) -> Pair:
+        """A client the gate has just handed over (SASL done at both ends)."""
+        pair = Pair(
+            client=End(server=False),
+            facing=End(server=True, collector=self.collector),
+            upstream=End(server=False, collector=self.collector),
+            broker=End(server=True),
+        )
+        self.router.pair_opened(pair.facing.connection, pair.upstream.connection, BROKER, ("127.0.0.1", 1))
+        self.pairs.append(pair)
+        return pair
+
+    def pump(self) -> None:
+        """Handle qpid-flow's events and move bytes on every wire until nothing happens."""
+        for _ in range(1000):
+            busy = dispatch(self.collector, self.router) > 0
+            for pair in self.pairs:
+                for a, b in ((pair.client, pair.facing), (pair.upstream, pair.broker)):
+                    busy = move_bytes(a.transport, b.transport) or busy
+                    busy = move_bytes(b.transport, a.transport) or busy
+                busy = pair.client.take_events() > 0 or busy
+                busy = pair.broker.take_events() > 0 or busy
+            if not busy:
+                return
+        raise AssertionError("the wires never went quiet")
+
+
+@pytest.fixture
+def rig() -> Rig:
+    return Rig()
+
+
+# --- playing the client and the broker ----------------------------------------------------------
+
+
+def open_pair(rig: Rig, container: str = "client-1") -> Pair:
+    """A client connected through qpid-flow, the broker having answered its open."""
+    pair = rig.connect()
+    pair.client.connection.container = container
+    pair.client.connection.hostname = "vhost:v1"
+    pair.client.connection.open()
+    rig.pump()
+    pair.broker.connection.container = "broker-1"
+    pair.broker.connection.open()
+    rig.pump()
+    assert pair.client.connection.state & Endpoint.REMOTE_ACTIVE
+    return pair
+
+
+def begin(rig: Rig, pair: Pair) -> tuple[Session, Session]:
+    """A client session, begun by the broker too: (client's, broker's)."""
+    session = pair.client.connection.session()
+    session.open()
+    rig.pump()
+    broker_session = pair.broker.connection.session_head(Endpoint.LOCAL_UNINIT | Endpoint.REMOTE_ACTIVE)
+    assert broker_session is not None, "the client's begin did not reach the broker"
+    broker_session.open()
+    rig.pump()
+    assert session.state & Endpoint.REMOTE_ACTIVE
+    return session, broker_session
+
+
+def broker_link(pair: Pair, name: str) -> Link:
+    """The broker's end of the link named ``name``."""
+    link = pair.broker.connection.link_head(0)
+    while link is not None:
+        if link.name == name:
+            return link
+        link = link.next(0)
+    raise AssertionError(f"no link {name!r} reached the broker")
+
+
+def attach(rig: Rig, pair: Pair, link: Link) -> Link:
+    """Attach ``link`` and have the broker answer with the terminus it was given."""
+    link.open()
+    rig.pump()
+    answer = broker_link(pair, link.name)
+    answer.source.copy(answer.remote_source)
+    answer.target.copy(answer.remote_target)
+    answer.open()
+    rig.pump()
+    assert link.state & Endpoint.REMOTE_ACTIVE
+    return answer
+
+
+def producer(rig: Rig, pair: Pair, session: Session, address: str = "orders") -> tuple[Sender, Receiver]:
+    sender = session.sender(f"{address}-writer")
+    sender.target.address = address
+    return sender, attach(rig, pair, sender)
+
+
+def consumer(rig: Rig, pair: Pair, session: Session, address: str = "orders") -> tuple[Receiver, Sender]:
+    receiver = session.receiver(f"{address}-reader")
+    receiver.source.address = address
+    return receiver, attach(rig, pair, receiver)
+
+
+def encoded(number: int) -> bytes:
+    """A message with every section set, as its sender encodes it."""
+    message = Message(
+        id=f"m-{number}",
+        address="orders",
+        subject="order",
+        durable=True,
+        priority=7,
+        properties={"colour": "red", "number": number},
+        annotations={symbol("x-opt-origin"): "test"},
+        body={"order": number, "lines": [1, 2, 3]},
+    )
+    return cast(bytes, message.encode())
+
+
+def send(sender: Sender, data: bytes, tag: str, settled: bool = False) -> Delivery:
+    delivery = sender.delivery(tag)
+    sender.send(data)
+    sender.advance()
+    if settled:
+        delivery.settle()
+    return delivery
+
+
+def receive(receiver: Receiver) -> tuple[Delivery, bytes]:
+    delivery = receiver.current
+    assert delivery is not None and delivery.readable and not delivery.partial, "no complete transfer arrived"
+    data = receiver.recv(delivery.pending)
+    receiver.advance()
+    return delivery, cast(bytes, data)
+
+
+def content(data: Data) -> Any:
+    """The value held in a terminus or disposition field (None if empty)."""
+    data.rewind()
+    return data.get_object() if data.next() is not None else None
+
+
+def fail_next(router: BrokerRouter, method: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make ``router.method`` raise the next time it is called (once only); the returned list
+    names the call that failed."""
+    original: Callable[..., Any] = getattr(router, method)
+    failed: list[str] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(method)
+            raise RuntimeError(f"{method} failed")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(router, method, failing)
+    return failed
+
+
+# --- connections -------------------------------------------------------------------------------
+
+
+def test_each_open_reaches_the_other_side_as_given(rig: Rig) -> None:
+    """The client's open reaches the broker with its container id, hostname, properties and
+    desired capabilities (less the relay qpid-flow provides); only then does the client get an
+    open, the broker's: its container id, properties and capabilities, plus ANONYMOUS-RELAY."""
+    pair = rig.connect()
+    client = pair.client.connection
+    client.container = "client-app-1"
+    client.hostname = "vhost:v1"
+    client.properties = {symbol("product"): "test-client", symbol("version"): "1.2.3"}
+    client.desired_capabilities = SymbolList(["ANONYMOUS-RELAY", "DELAYED_DELIVERY"])
+    client.open()
+    rig.pump()
+    broker = pair.broker.connection
+    assert broker.remote_container == "client-app-1"
+    assert broker.remote_hostname == "vhost:v1"
+    assert broker.remote_properties == {"product": "test-client", "version": "1.2.3"}
+    assert list(broker.remote_desired_capabilities) == ["DELAYED_DELIVERY"]
+    assert client.state & Endpoint.REMOTE_UNINIT, "qpid-flow answered before the broker did"
+
+    broker.container = "broker-7"
+    broker.properties = {symbol("product"): "TestBroker", symbol("cluster-node"): 3}
+    broker.offered_capabilities = SymbolList(["DELAYED_DELIVERY"])
+    broker.open()
+    rig.pump()
+    assert client.state & Endpoint.REMOTE_ACTIVE
+    assert client.remote_container == "broker-7"
+    assert client.remote_properties == {"product": "TestBroker", "cluster-node": 3}
+    assert set(client.remote_offered_capabilities) == {"DELAYED_DELIVERY", "ANONYMOUS-RELAY"}
+
+
+def test_a_broker_close_reaches_its_client_with_the_condition_verbatim(rig: Rig) -> None:
+    """The broker's close of one upstream connection closes that client's connection with the
+    same condition (name, description, info); another client carries on."""
+    pair = open_pair(rig)
+    other = open_pair(rig, "client-2")
+    broker = pair.broker.connection
+    broker.condition = Condition("amqp:resource-limit-exceeded", "too many connections", {symbol("limit"): 10})
+    broker.close()
+    rig.pump()
+    client = pair.client.connection
+    assert client.state & Endpoint.REMOTE_CLOSED
+    condition = client.remote_condition
+    assert (condition.name, condition.description) == ("amqp:resource-limit-exceeded", "too many connections")
+    assert condition.info == {"limit": 10}
+    assert other.client.connection.state == Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
+
+
+def test_a_broker_connection_lost_without_a_close_closes_its_client_with_forced(rig: Rig) -> None:
+    """The upstream transport just ends (no close frame): the client's connection is closed
+    with amqp:connection:forced; another client carries on."""
+    pair = open_pair(rig)
+    other = open_pair(rig, "client-2")
+    pair.broker.transport.close_head()
+    pair.broker.transport.close_tail()
+    rig.pump()
+    client = pair.client.connection
+    assert client.state & Endpoint.REMOTE_CLOSED
+    assert client.remote_condition.name == "amqp:connection:forced"
+    assert other.client.connection.state == Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
+
+
+# --- sessions -----------------------------------------------------------------------------------
+
+
+def test_a_broker_end_reaches_that_session_only(rig: Rig) -> None:
+    """The broker ends one session with amqp:precondition-failed: that client session ends
+    with the same condition; the client's other session and another client stay open."""
+    pair = open_pair(rig)
+    doomed, doomed_at_broker = begin(rig, pair)
+    kept_open, _ = begin(rig, pair)
+    other = open_pair(rig, "client-2")
+    other_session, _ = begin(rig, other)
+
+    doomed_at_broker.condition = Condition("amqp:precondition-failed", "session quota", {symbol("quota"): 1})
+    doomed_at_broker.close()
+    rig.pump()
+    assert doomed.state & Endpoint.REMOTE_CLOSED
+    condition = doomed.remote_condition
+    assert (condition.name, condition.description, condition.info) == (
+        "amqp:precondition-failed",
+        "session quota",
+        {"quota": 1},
+    )
+    active = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
+    assert kept_open.state == active
+    assert other_session.state == active
+    assert pair.client.connection.state == active
+    assert other.client.connection.state == active
+
+
+# --- attach ------------------------------------------------------------------------------------
+
+
+def test_a_receiver_attach_reaches_the_broker_in_full_and_its_answer_comes_back(rig: Rig) -> None:
+    """Every field of the client's source (filter, durable, expiry policy, distribution mode,
+    dynamic, capabilities) and the link properties reach the broker; the broker's answer (a
+    different filter and distribution mode, its own properties) is what the client sees."""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver = session.receiver("orders-reader")
+    source = receiver.source
+    source.address = "orders"
+    source.durability = Terminus.DELIVERIES
+    source.expiry_policy = Terminus.EXPIRE_NEVER
+    source.distribution_mode = Terminus.DIST_MODE_COPY
+    source.dynamic = False
+    source.filter.put_dict({symbol("colour"): Described(SELECTOR, "colour = 'red'")})
+    source.capabilities.put_object(SymbolList(["queue"]))
+    receiver.target.address = "client-1-in"
+    receiver.properties = {symbol("paired"): True}
+    receiver.open()
+    rig.pump()
+
+    at_broker = broker_link(pair, "orders-reader")
+    assert at_broker.is_sender
+    given = at_broker.remote_source
+    assert given.address == "orders"
+    assert given.durability == Terminus.DELIVERIES
+    assert given.expiry_policy == Terminus.EXPIRE_NEVER
+    assert given.distribution_mode == Terminus.DIST_MODE_COPY
+    assert not given.dynamic
+    assert content(given.filter) == {"colour": Described(SELECTOR, "colour = 'red'")}
+    assert list(content(given.capabilities)) == ["queue"]
+    assert at_broker.remote_target.address == "client-1-in"
+    assert at_broker.remote_properties == {"paired": True}
+    assert receiver.state & Endpoint.REMOTE_UNINIT, "qpid-flow answered before the broker did"
+
+    at_broker.source.copy(given)
+    at_broker.source.distribution_mode = Terminus.DIST_MODE_MOVE
+    at_broker.source.filter.clear()
+    at_broker.source.filter.put_dict({symbol("colour"): Described(SELECTOR, "colour = 'blue'")})
+    at_broker.target.copy(at_broker.remote_target)
+    at_broker.properties = {symbol("queue-type"): "quorum"}
+    at_broker.open()
+    rig.pump()
+    assert receiver.state & Endpoint.REMOTE_ACTIVE
+    answered = receiver.remote_source
+    assert answered.address == "orders"
+    assert answered.distribution_mode == Terminus.DIST_MODE_MOVE
+    assert answered.durability == Terminus.DELIVERIES
+    assert content(answered.filter) == {"colour": Described(SELECTOR, "colour = 'blue'")}
+    assert receiver.remote_properties == {"queue-type": "quorum"}
+
+
+def test_a_broker_refusal_reaches_the_client_with_its_condition(rig: Rig) -> None:
+    """The broker answers an attach with a null source and detaches it with amqp:not-found:
+    the client gets the null source, then the detach with the broker's condition."""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver = session.receiver("missing-reader")
+    receiver.source.address = "no-such-queue"
+    receiver.open()
+    rig.pump()
+    refusal = broker_link(pair, "missing-reader")
+    refusal.open()  # no source: the node does not exist
+    refusal.condition = Condition("amqp:not-found", "no queue 'no-such-queue' in vhost 'v1'")
+    refusal.close()
+    rig.pump()
+    assert receiver.remote_source.type == Terminus.UNSPECIFIED
+    assert receiver.state & Endpoint.REMOTE_CLOSED
+    condition = receiver.remote_condition
+    assert (condition.name, condition.description) == ("amqp:not-found", "no queue 'no-such-queue' in vhost 'v1'")
+    (detach,) = pair.client.received("detach")
+    assert "closed=true" in detach
+    assert session.state == Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
+
+
+# --- producers -----------------------------------------------------------------------------------
+
+
+def test_producer_transfers_and_outcomes_pass_through(rig: Rig) -> None:
+    """Transfers reach the broker byte for byte; the broker's rejected (with its condition)
+    and released reach the client's deliveries, settled; a pre-settled transfer arrives
+    pre-settled."""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(10)
+    rig.pump()
+    first = send(sender, encoded(1), "t1")
+    second = send(sender, encoded(2), "t2")
+    send(sender, encoded(3), "t3", settled=True)
+    rig.pump()
+
+    rejected, data = receive(at_broker)
+    assert data == encoded(1)
+    released, data = receive(at_broker)
+    assert data == encoded(2)
+    presettled, data = receive(at_broker)
+    assert data == encoded(3)
+    assert not rejected.settled and not released.settled
+    assert presettled.settled
+
+    rejected.local.condition = Condition("amqp:precondition-failed", "queue is full")
+    rejected.update(Delivery.REJECTED)
+    rejected.settle()
+    released.update(Delivery.RELEASED)
+    released.settle()
+    rig.pump()
+    assert first.remote_state == Delivery.REJECTED
+    assert first.settled
+    condition = first.remote.condition
+    assert (condition.name, condition.description) == ("amqp:precondition-failed", "queue is full")
+    assert second.remote_state == Delivery.RELEASED
+    assert second.settled
+
+
+# --- consumers -----------------------------------------------------------------------------------
+
+
+def test_consumer_credit_messages_and_outcomes_pass_through(rig: Rig) -> None:
+    """The client's flow(5) is credit 5 at the broker; the broker's messages reach the client
+    byte for byte; the client's modified (with its flags and annotations) and accepted reach
+    the broker's deliveries, settled."""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver, at_broker = consumer(rig, pair, session)
+    assert at_broker.credit == 0
+    receiver.flow(5)
+    rig.pump()
+    assert at_broker.credit == 5
+
+    sent_first = send(at_broker, encoded(1), "b1")
+    sent_second = send(at_broker, encoded(2), "b2")
+    rig.pump()
+    first, data = receive(receiver)
+    assert data == encoded(1)
+    second, data = receive(receiver)
+    assert data == encoded(2)
+
+    first.local.failed = True
+    first.local.undeliverable = False
+    first.local.annotations = {symbol("x-opt-retry-reason"): "handler crashed"}
+    first.update(Delivery.MODIFIED)
+    first.settle()
+    second.update(Delivery.ACCEPTED)
+    second.settle()
+    rig.pump()
+    assert sent_first.remote_state == Delivery.MODIFIED
+    assert sent_first.settled
+    assert sent_first.remote.failed is True
+    assert sent_first.remote.undeliverable is False
+    assert sent_first.remote.annotations == {"x-opt-retry-reason": "handler crashed"}
+    assert sent_second.remote_state == Delivery.ACCEPTED
+    assert sent_second.settled
+
+
+def test_a_consumer_drain_is_answered_once_the_broker_drains(rig: Rig) -> None:
+    """The client's drain reaches the broker; with no message to send the broker drains its
+    credit, and only then does the client get its drain answer: credit 0, drain done."""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver, at_broker = consumer(rig, pair, session)
+    receiver.flow(3)
+    rig.pump()
+    receiver.drain(0)
+    rig.pump()
+    assert at_broker.drain_mode
+    assert at_broker.credit == 3
+    assert "drain=true" in pair.broker.received("flow")[-1]
+    assert receiver.draining(), "the client got its drain answer before the broker drained"
+
+    at_broker.drained()
+    rig.pump()
+    assert receiver.credit == 0
+    assert not receiver.draining()
+    answer = pair.client.received("flow")[-1]
+    assert "drain=true" in answer and "link-credit=0" in answer
+
+
+def test_a_consumer_detached_with_credit_is_drained_before_the_upstream_detach(rig: Rig) -> None:
+    """A consumer detaching with credit outstanding: the broker sees drain=true and no detach;
+    a message it sends meanwhile is released back to it, never reaching the client; the
+    detach follows once the broker has drained."""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver, at_broker = consumer(rig, pair, session)
+    receiver.flow(5)
+    rig.pump()
+    send(at_broker, encoded(1), "b1")
+    rig.pump()
+    delivery, _ = receive(receiver)
+    delivery.update(Delivery.ACCEPTED)
+    delivery.settle()
+    receiver.detach()
+    rig.pump()
+    assert len(pair.client.received("detach")) == 1  # the client's detach is answered at once
+    assert at_broker.drain_mode
+    assert at_broker.credit == 4
+    assert "drain=true" in pair.broker.received("flow")[-1]
+    assert pair.broker.received("detach") == [], "the broker saw the detach before it drained"
+
+    late = send(at_broker, encoded(2), "b2")
+    at_broker.drained()
+    rig.pump()
+    assert late.remote_state == Delivery.RELEASED
+    assert late.settled
+    (detach,) = pair.broker.received("detach")
+    assert "closed=true" not in detach
+    frames = pair.broker.frames
+    assert frames.index(pair.broker.received("flow")[-1]) < frames.index(detach)
+    assert frames.index(pair.broker.received("disposition")[-1]) < frames.index(detach)
+    assert len(pair.client.received("transfer")) == 1
+    assert rig.group_reader.calls == []
+
+
+# --- the guard ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "act"),
+    [
+        ("_attach_consumer", "attach"),  # a Proton event (link remote open)
+        ("_consumer_credit", "flow"),  # a lean LinkFlowEvent
+        ("_client_outcome", "settle"),  # a lean DeliveryEvent
+    ],
+)
+def test_a_router_error_closes_that_client_only(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, method: str, act: str
+) -> None:
+    """A BrokerRouter handler that raises on one client's event (a Proton event, a lean flow
+    or delivery event) closes that client's connection with amqp:internal-error, its broker
+    connection following once the client answers; another client's traffic carries on."""
+    pair = open_pair(rig)
+    other = open_pair(rig, "client-2")
+    session, _ = begin(rig, pair)
+    receiver = session.receiver("orders-reader")
+    receiver.source.address = "orders"
+    if act != "attach":
+        at_broker = attach(rig, pair, receiver)
+        receiver.flow(1 if act == "settle" else 0)
+        rig.pump()
+        if act == "settle":
+            send(at_broker, encoded(1), "b1")
+            rig.pump()
+            delivery, _ = receive(receiver)
+            delivery.update(Delivery.ACCEPTED)
+            delivery.settle()
+    failed = fail_next(rig.router, method, monkeypatch)
+    with structlog.testing.capture_logs() as logs:
+        if act == "attach":
+            receiver.open()
+        elif act == "flow":
+            receiver.flow(2)
+        rig.pump()
+    assert failed == [method]
+    assert [entry["event"] for entry in logs if entry["log_level"] == "error"] == ["handler_error"]
+    client = pair.client.connection
+    assert client.state & Endpoint.REMOTE_CLOSED
+    assert client.remote_condition.name == "amqp:internal-error"
+    client.close()  # the client answers: its broker connection goes too
+    rig.pump()
+    assert pair.broker.connection.state & Endpoint.REMOTE_CLOSED
+
+    other_session, _ = begin(rig, other)
+    other_receiver, at_broker = consumer(rig, other, other_session)
+    other_receiver.flow(1)
+    rig.pump()
+    send(at_broker, encoded(7), "b7")
+    rig.pump()
+    _, data = receive(other_receiver)
+    assert data == encoded(7)
+    assert other.client.connection.state == Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
