@@ -206,10 +206,11 @@ class _Handshake:
                 continue
             self._upstream_selectable = _selectable(self.gate._container, self, self._upstream, writing=True)
             return
+        # No outcome: a SASL failure reads as "authentication failed" to clients, and some
+        # (qpid-jms) do not retry that; a dropped connection is what they retry, as they
+        # would a broker that refuses connections.
         log.warning("broker_unavailable", remote=_peer_text(self.peer), brokers=len(brokers))
-        self.server.send_outcome(OUTCOME_SYS_TEMP)
-        self._send_client(self.server.data_to_send())
-        self._close_after_flush()
+        self._close_all()
 
     def _upstream_connected(self) -> None:
         assert self._upstream is not None

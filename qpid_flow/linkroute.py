@@ -202,6 +202,9 @@ class BrokerRouter(Router):
             upstream.offered_capabilities = _symbols(conn.remote_offered_capabilities)
             desired = [c for c in _symbol_list(conn.remote_desired_capabilities) if c != ANONYMOUS_RELAY]
             upstream.desired_capabilities = SymbolList(desired) if desired else None
+            # Each side asks for the keep-alive the other asked for, so a silent client is
+            # dropped when the broker would drop it, and the broker hears from us as often.
+            upstream.transport.idle_timeout = conn.transport.remote_idle_timeout
             upstream.open()
             return
         # The broker's open goes back to the client, plus the relay qpid-flow offers itself.
@@ -217,6 +220,7 @@ class BrokerRouter(Router):
             offered.append(ANONYMOUS_RELAY)
         client.offered_capabilities = SymbolList(offered)
         client.desired_capabilities = _symbols(conn.remote_desired_capabilities)
+        client.transport.idle_timeout = conn.transport.remote_idle_timeout
         client.open()
         self.connections.add(client)
         log.info(
@@ -226,6 +230,18 @@ class BrokerRouter(Router):
             container=client.remote_container,
             broker=pair.broker.redacted,
         )
+
+    def on_connection_local_close(self, event: Event) -> None:
+        """qpid-flow closed one side itself (shutdown, a contained error): the other follows."""
+        conn = event.connection
+        pair: _Pair | None = kept(conn, "qf_pair")
+        if pair is None:
+            return
+        if conn == pair.client:
+            self._client_gone(pair)
+            _close(pair.upstream, None)
+        elif not pair.client.state & Endpoint.LOCAL_CLOSED:
+            self._close_client(pair, conn.condition, "closed_by_qpid_flow")
 
     def on_connection_remote_close(self, event: Event) -> None:
         conn = event.connection
@@ -251,6 +267,9 @@ class BrokerRouter(Router):
         else:
             self._client_gone(pair)
             _close(pair.upstream, None)
+        # The pair refers to both wrappers and each wrapper's record to the pair: a cycle
+        # through C that Python's collector cannot see. This side has no more events.
+        conn.qf_pair = None
 
     def _close_client(self, pair: _Pair, condition: Condition | None, reason: str) -> None:
         client = pair.client
@@ -292,6 +311,11 @@ class BrokerRouter(Router):
             return
         if peer.state & Endpoint.LOCAL_UNINIT:
             peer.open()  # the broker began the client's session
+            # Links qpid-flow answers itself waited for it: Proton sends no attach on a
+            # session not begun, and does not try again later.
+            for link in kept(peer, "qf_waiting") or ():
+                self._open_relay(link)
+            peer.qf_waiting = None
 
     def on_session_remote_close(self, event: Event) -> None:
         session = event.session
@@ -360,6 +384,16 @@ class BrokerRouter(Router):
             self._mirror(link)  # transactions: the broker's to answer; policies stay out
             return
         # Anonymous relay: qpid-flow answers itself and relays per ``to``.
+        if not link.session.state & Endpoint.LOCAL_ACTIVE:
+            waiting = kept(link.session, "qf_waiting")
+            if waiting is None:
+                waiting = link.session.qf_waiting = []
+            waiting.append(link)
+            return
+        self._open_relay(link)
+
+    def _open_relay(self, link: Link) -> None:
+        target = link.remote_target
         link.source.copy(link.remote_source)
         link.target.copy(target)
         link.snd_settle_mode = link.remote_snd_settle_mode
@@ -367,8 +401,9 @@ class BrokerRouter(Router):
         if self.config.max_message_size:
             link.max_message_size = self.config.max_message_size
         link.open()
-        producer = self._start_producer(link, None)
+        producer = self._start_producer(link, None, grant=False)
         self._producer_routes[producer.id] = _ProducerRoute(link, None)
+        self._grant(producer, link)
 
     def _attach_consumer(self, link: Link) -> None:
         source = link.remote_source
@@ -408,14 +443,18 @@ class BrokerRouter(Router):
                 client.flow(max(pn_link_credit(upstream._impl), 0))
                 return
             destination = self.destination_for(client.remote_target.address)
-            producer = self._start_producer(client, destination)
+            producer = self._start_producer(client, destination, grant=False)
             sender = _UpstreamSender(upstream, client.remote_target.address)
             upstream.qf_sender = sender
             self._producer_routes[producer.id] = _ProducerRoute(client, sender)
+            self._grant(producer, client)  # none until the broker gives the upstream link some
         elif kept(upstream, "qf_kind") == _PROBE:
             destination = self.destination_for(client.remote_source.address)
             if destination is not None:
-                self._start_consumer(client, destination)
+                consumer = self._start_consumer(client, destination)
+                # Credit the client gave while the broker was answering the probe.
+                destination.credit_changed(consumer, pn_link_credit(client._impl))
+                self.backend.demand_changed(destination)
         else:
             self._consumer_credit(kept(client, "qf_route"))
 

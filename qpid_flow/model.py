@@ -50,6 +50,10 @@ class Settlement:
     description: str | None = None  # rejected: human-readable text
     delivery_failed: bool = False  # modified
     undeliverable_here: bool = False  # modified
+    # What a broker's outcome carried besides, passed on to the producer as it came: the
+    # error's info map (rejected) and the message annotations (modified).
+    info: Any = None
+    annotations: Any = None
 
     @classmethod
     def accepted(cls) -> Settlement:

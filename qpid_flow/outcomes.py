@@ -37,11 +37,14 @@ def remote_settlement(delivery: LeanDelivery) -> Settlement | None:
         condition = remote.condition
         if condition is None:
             return Settlement(Outcome.REJECTED)
-        return Settlement(Outcome.REJECTED, condition=condition.name, description=condition.description)
+        return Settlement(
+            Outcome.REJECTED, condition=condition.name, description=condition.description, info=condition.info
+        )
     return Settlement(
         Outcome.MODIFIED,
         delivery_failed=bool(remote.failed),
         undeliverable_here=bool(remote.undeliverable),
+        annotations=remote.annotations,
     )
 
 
@@ -55,10 +58,12 @@ def apply_settlement(delivery: LeanDelivery, settlement: Settlement) -> None:
         return
     full = delivery.proton()  # rejected or modified: Proton copies their content across
     if outcome is Outcome.REJECTED and settlement.condition:
-        full.local.condition = Condition(settlement.condition, settlement.description)
+        full.local.condition = Condition(settlement.condition, settlement.description, settlement.info)
     elif outcome is Outcome.MODIFIED:
         full.local.failed = settlement.delivery_failed
         full.local.undeliverable = settlement.undeliverable_here
+        if settlement.annotations:
+            full.local.annotations = settlement.annotations
     full.update(_STATE[outcome])
     full.settle()
 

@@ -184,8 +184,9 @@ class Router(Handler):
         """The destination an address names (created if allowed); None if there is none."""
         return self.destinations.get(address)
 
-    def _start_producer(self, link: Link, destination: Destination | None) -> Producer:
-        """Count an opened producer link in, and give it its first credit."""
+    def _start_producer(self, link: Link, destination: Destination | None, grant: bool = True) -> Producer:
+        """Count an opened producer link in, and give it its first credit (unless the
+        caller has more to set up first)."""
         producer = Producer(
             destination.address if destination is not None else None,
             name=link.name,
@@ -199,7 +200,8 @@ class Router(Handler):
             self.backend.producer_attached(destination)
         self.hooks.producer_attached(producer=producer, destination=destination)
         log.debug("producer_attached", link=producer.id, address=producer.address, connection=producer.connection_id)
-        self._grant(producer, link)
+        if grant:
+            self._grant(producer, link)
         return producer
 
     def _attach_consumer(self, link: Link) -> None:

@@ -50,10 +50,15 @@ class Received:
 class _Client(MessagingHandler):
     """Common parts: connect without silent reconnect, stop on timeout, record errors."""
 
-    def __init__(self, url: str, timeout: float, **kwargs: Any) -> None:
+    def __init__(self, url: str, timeout: float, reconnect: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.url = url
         self.timeout = timeout
+        # Seconds to wait before connecting again after losing the connection (None: give
+        # up), as an application with its own reconnect does; ``url`` may be changed meanwhile.
+        self.reconnect = reconnect
+        self.reconnects = 0
+        self.losses: list[str] = []  # why each connection ended, in order
         self.error: str | None = None
         self.done = threading.Event()
         self.connection: Any = None
@@ -61,9 +66,24 @@ class _Client(MessagingHandler):
 
     def on_start(self, event: Any) -> None:
         self.container = event.container
-        self.connection = event.container.connect(self.url, reconnect=False)
         self.deadline = event.container.schedule(self.timeout, self)
+        self.connect(event)
+
+    def connect(self, event: Any) -> None:
+        self.connection = event.container.connect(self.url, reconnect=False)
         self.open_links(event)
+
+    def _lost(self, why: str) -> bool:
+        """The connection is gone: True when the client will connect again."""
+        if self.reconnect is None or self.done.is_set() or self.container is None:
+            return False
+        self.reconnects += 1
+        self.losses.append(why)
+        if self.connection is not None and self.connection.state & self.connection.LOCAL_ACTIVE:
+            self.connection.close()
+        self.connection = None
+        self.container.schedule(self.reconnect, _Reconnect(self))
+        return True
 
     def open_links(self, event: Any) -> None:
         raise NotImplementedError
@@ -83,11 +103,15 @@ class _Client(MessagingHandler):
             self.container.schedule(5.0, _Stop(self.container))
 
     def on_connection_closed(self, event: Any) -> None:
-        if self.container is not None:
+        if self.container is not None and self.done.is_set():
             self.container.stop()
 
     def on_transport_error(self, event: Any) -> None:
         condition = event.transport.condition
+        if event.connection != self.connection and self.reconnect is not None:
+            return  # an earlier connection's end
+        if self._lost(condition.name if condition else "disconnected"):
+            return
         if not self.done.is_set():
             self.error = (
                 f"transport error: {condition.name if condition else '?'}: {condition.description if condition else ''}"
@@ -100,10 +124,14 @@ class _Client(MessagingHandler):
 
     def on_connection_error(self, event: Any) -> None:
         condition = event.connection.remote_condition
+        if self.reconnect is not None and (event.connection != self.connection or self._lost(condition.name)):
+            return
         self.error = f"connection error: {condition.name}: {condition.description}"
         self.finish()
 
     def on_disconnected(self, event: Any) -> None:
+        if self.reconnect is not None and (event.connection != self.connection or self._lost("disconnected")):
+            return
         if not self.done.is_set():
             self.error = self.error or "disconnected"
             self.done.set()
@@ -130,13 +158,15 @@ class Producer(_Client):
         timeout: float = 120.0,
         presettled: bool = False,
         pace: float = 0.0,
+        reconnect: float | None = None,
     ) -> None:
-        super().__init__(url, timeout, auto_settle=True)
+        super().__init__(url, timeout, reconnect=reconnect, auto_settle=True)
         self.address = address
         self.messages = messages
         self.presettled = presettled
         self.pace = pace
         self.sent = 0
+        self.to_send: list[int] = []  # indices still to send, the next one last
         # index -> outcome name ("accepted", "rejected", "released", "modified")
         self.outcomes: dict[int, str] = {}
         self.conditions: dict[int, str] = {}
@@ -150,18 +180,24 @@ class Producer(_Client):
 
             options = AtMostOnce()
         self.sender = event.container.create_sender(self.connection, self.address, options=options)
+        # After a reconnect, whatever got no outcome is sent again (at least once).
+        self.to_send = [i for i in range(len(self.messages)) if i not in self.outcomes]
+        self.to_send.reverse()
 
     def on_sendable(self, event: Any) -> None:
         sender = event.sender
-        while sender.credit > 0 and self.sent < len(self.messages):
-            delivery = sender.send(self.messages[self.sent])
-            delivery.index = self.sent
+        if sender != self.sender:
+            return  # a link of a connection lost earlier
+        while sender.credit > 0 and self.to_send:
+            index = self.to_send.pop()
+            delivery = sender.send(self.messages[index])
+            delivery.index = index
             self.sent += 1
             if self.presettled:
                 self.outcomes[delivery.index] = "accepted"
             if self.pace:
                 time.sleep(self.pace)
-        if self.presettled and self.sent == len(self.messages):
+        if self.presettled and not self.to_send:
             self.finish()
 
     def _record(self, event: Any, outcome: str) -> None:
@@ -201,8 +237,9 @@ class Consumer(_Client):
         decide: Callable[[Message], str] | None = None,
         idle_stop: float | None = None,
         stop: threading.Event | None = None,
+        reconnect: float | None = None,
     ) -> None:
-        super().__init__(url, timeout, prefetch=0, auto_accept=False, auto_settle=True)
+        super().__init__(url, timeout, reconnect=reconnect, prefetch=0, auto_accept=False, auto_settle=True)
         self.address = address
         self.count = count
         self.prefetch = prefetch
@@ -217,7 +254,7 @@ class Consumer(_Client):
     def open_links(self, event: Any) -> None:
         self.receiver = event.container.create_receiver(self.connection, self.address)
         self.receiver.flow(self.prefetch)
-        if self.idle_stop is not None or self.stop_event is not None:
+        if (self.idle_stop is not None or self.stop_event is not None) and not self.reconnects:
             event.container.schedule(0.1, _Poll(self))
 
     def on_message(self, event: Any) -> None:
@@ -261,6 +298,16 @@ class _Stop(Handler):
 
     def on_timer_task(self, event: Any) -> None:
         self.container.stop()
+
+
+class _Reconnect(Handler):
+    def __init__(self, client: _Client) -> None:
+        super().__init__()
+        self.client = client
+
+    def on_timer_task(self, event: Any) -> None:
+        if not self.client.done.is_set():
+            self.client.connect(event)
 
 
 class _Poll(Handler):

@@ -223,6 +223,9 @@ def declare_durable_queue(broker_url: str, name: str) -> None:
 
 
 def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_flow_process) -> None:
+    """Losing the broker closes the clients' connections (amqp:connection:forced), as the
+    broker itself would; clients that reconnect and send again what got no outcome lose
+    nothing, and nothing is settled while the broker is away."""
     queue = unique("survive")
     declare_durable_queue(fresh_rabbitmq.url, queue)
     # The crash must hit a broker whose queue is on disk: Mnesia may still hold the
@@ -237,8 +240,8 @@ def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_fl
         m = make_message("p", i)
         m.durable = True
         messages.append(m)
-    producer = Producer(router.url, address, messages, timeout=180, pace=0.0005)
-    consumer = Consumer(router.url, address, prefetch=20, timeout=180, idle_stop=20.0)
+    producer = Producer(router.url, address, messages, timeout=180, pace=0.0005, reconnect=0.5)
+    consumer = Consumer(router.url, address, prefetch=20, timeout=180, idle_stop=25.0, reconnect=0.5)
     threads = start(producer, consumer)
     deadline = time.monotonic() + 60
     while len(producer.outcomes) < 800 and time.monotonic() < deadline:
@@ -248,8 +251,9 @@ def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_fl
     time.sleep(1.0)
     settled_while_down = len(producer.outcomes)
     time.sleep(2.0)
-    # While the broker is away nothing is settled: producers' transfers wait for it.
+    # While the broker is away nothing is settled, and the clients were told.
     assert len(producer.outcomes) == settled_while_down
+    assert producer.reconnects >= 1 and consumer.reconnects >= 1
     fresh_rabbitmq.restart()
     for t in threads:
         t.join(200)
@@ -259,6 +263,37 @@ def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_fl
     missing = set(range(3000)) - got
     assert not missing, f"{len(missing)} accepted messages never arrived, e.g. {sorted(missing)[:5]}"
     assert router.returncode is None
+    assert producer.losses[0] in ("amqp:connection:forced", "disconnected"), producer.losses[:3]
+
+
+def test_qpid_flow_killed_mid_stream_loses_nothing_a_resending_client_sent(rabbitmq, qpid_flow_process) -> None:
+    """kill -9 of qpid-flow: nothing was acknowledged that the broker did not hold, so a
+    client that sends again what got no outcome (to a new qpid-flow) loses nothing."""
+    queue = unique("crash")
+    address = f"/queue/{queue}"
+    first = qpid_flow_process(broker_url=rabbitmq.url)
+    producer = Producer(first.url, address, [make_message("p", i) for i in range(3000)], timeout=120, reconnect=0.3)
+    threads = start(producer)
+    deadline = time.monotonic() + 60
+    while len(producer.outcomes) < 1000 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(producer.outcomes) >= 1000, "the producer did not get going"
+    first.kill()
+    accepted_before = {i for i, outcome in producer.outcomes.items() if outcome == "accepted"}
+    second = qpid_flow_process(broker_url=rabbitmq.url)
+    producer.url = second.url
+    for t in threads:
+        t.join(150)
+    assert producer.error is None, producer.error
+    assert Counter(producer.outcomes.values()) == {"accepted": 3000}
+    consumer = Consumer(second.url, address, timeout=60, prefetch=100, idle_stop=3.0)
+    run_all(consumer)
+    got = Counter(r.message.properties["index"] for r in consumer.received)
+    missing = set(range(3000)) - set(got)
+    assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
+    assert accepted_before <= set(got)
+    # At least once: what was in flight at the crash may arrive twice, nothing more.
+    assert sum(got.values()) - 3000 <= 3000 - len(accepted_before)
 
 
 def test_sigterm_releases_what_consumers_hold_back_to_the_broker(rabbitmq, qpid_flow_process) -> None:

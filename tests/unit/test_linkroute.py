@@ -624,3 +624,55 @@ def test_a_router_error_closes_that_client_only(
     _, data = receive(other_receiver)
     assert data == encoded(7)
     assert other.client.connection.state == Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
+
+
+def test_producer_credit_never_exceeds_the_brokers() -> None:
+    """A producer gets no credit before the broker gives some, then no more than the broker's
+    credit on the upstream link, though the credit policy would give 100 (no size limit set)."""
+    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    assert sender.credit == 0
+    at_broker.flow(3)
+    rig.pump()
+    assert sender.credit == 3
+    at_broker.flow(2)
+    rig.pump()
+    assert sender.credit == 5
+
+
+def test_producer_credit_before_the_brokers_with_default_limits() -> None:
+    """The same with the default configuration (flow limits by size: one credit at a time)."""
+    rig = Rig()
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender, _ = producer(rig, pair, session)
+    assert sender.credit == 0
+
+
+def test_broker_outcomes_reach_the_producer_as_given() -> None:
+    """The broker's rejected keeps its error info, its modified its message annotations."""
+    rig = Rig()
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(10)
+    rig.pump()
+    first = send(sender, encoded(1), "t1")
+    second = send(sender, encoded(2), "t2")
+    rig.pump()
+    rejected, _ = receive(at_broker)
+    modified, _ = receive(at_broker)
+    rejected.local.condition = Condition("amqp:precondition-failed", "queue is full", {symbol("queue"): "orders"})
+    rejected.update(Delivery.REJECTED)
+    rejected.settle()
+    modified.local.failed = True
+    modified.local.undeliverable = True
+    modified.local.annotations = {symbol("x-opt-why"): "later"}
+    modified.update(Delivery.MODIFIED)
+    modified.settle()
+    rig.pump()
+    assert first.remote.condition.info == {"queue": "orders"}
+    assert second.remote_state == Delivery.MODIFIED
+    assert second.remote.annotations == {"x-opt-why": "later"}

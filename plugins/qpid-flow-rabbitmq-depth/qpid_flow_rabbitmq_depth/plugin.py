@@ -58,7 +58,8 @@ class RabbitMQDepth:
         if config.broker is None:
             self.settings = None  # standalone: qpid-flow's own count is the real depth
             return
-        self.settings = parse_settings(config.plugin_settings(PLUGIN_NAME), config.broker)
+        # The first broker of the failover list: the one qpid-flow tries first.
+        self.settings = parse_settings(config.plugin_settings(PLUGIN_NAME), config.broker_addresses[0].url)
         # Built now, so destinations created before the thread starts are not missed.
         self.worker = DepthWorker(
             self._reader_factory(self.settings),
