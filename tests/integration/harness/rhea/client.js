@@ -1,0 +1,108 @@
+#!/usr/bin/env node
+// A tiny rhea (JavaScript AMQP 1.0) client for the differential tests: a second client library,
+// written by others, talking to the broker directly or through qpid-flow.
+//
+//   node client.js URL send ADDRESS COUNT [TIMEOUT_MS]     send "rhea-0".."rhea-(COUNT-1)" at-least-once
+//   node client.js URL receive ADDRESS COUNT [TIMEOUT_MS]  grant COUNT credit, accept COUNT messages
+//
+// URL is amqp://[user:password@]host:port (SASL PLAIN when a user is given, else ANONYMOUS).
+// Never reconnects. Prints one JSON line on stdout and exits 0 (the report says what happened):
+//   {"op", "address", "sent", "outcomes": {"accepted": n, ...}, "received": [bodies],
+//    "errors": [[level, condition]], "timed_out": bool}
+// Requires the rhea package in ./node_modules (bash .ci/install-deps).
+'use strict';
+
+const path = require('path');
+const rhea = require(path.join(__dirname, 'node_modules', 'rhea'));
+
+const [url, op, address, countArg, timeoutArg] = process.argv.slice(2);
+if (!url || !['send', 'receive'].includes(op) || !address) {
+    process.stderr.write('usage: client.js URL send|receive ADDRESS COUNT [TIMEOUT_MS]\n');
+    process.exit(2);
+}
+const count = parseInt(countArg || '10', 10);
+const timeoutMs = parseInt(timeoutArg || '10000', 10);
+const u = new URL(url);
+
+const report = { op, address, sent: 0, outcomes: {}, received: [], errors: [], timed_out: false };
+let finished = false;
+
+function finish(connection) {
+    if (finished) return;
+    finished = true;
+    clearTimeout(timer);
+    process.stdout.write(JSON.stringify(report) + '\n');
+    if (connection && connection.is_open()) {
+        connection.close();
+        // Leave after the close handshake, or soon if the peer never answers.
+        connection.once('connection_close', () => process.exit(0));
+        setTimeout(() => process.exit(0), 2000).unref();
+    } else {
+        process.exit(0);
+    }
+}
+
+function errorName(context, level) {
+    const err = context.error || (context[level] && context[level].error);
+    return err && err.condition ? String(err.condition) : null;
+}
+
+const container = rhea.create_container({ id: `rhea-${process.pid}-${Date.now()}` });
+const options = { host: u.hostname, port: parseInt(u.port || '5672', 10), reconnect: false };
+if (u.username) {
+    options.username = decodeURIComponent(u.username);
+    options.password = decodeURIComponent(u.password);
+}
+const connection = container.connect(options);
+const timer = setTimeout(() => {
+    report.timed_out = true;
+    finish(connection);
+}, timeoutMs);
+
+container.on('connection_error', (context) => report.errors.push(['connection', errorName(context, 'connection')]));
+container.on('session_error', (context) => report.errors.push(['session', errorName(context, 'session')]));
+container.on('sender_error', (context) => report.errors.push(['link', errorName(context, 'sender')]));
+container.on('receiver_error', (context) => report.errors.push(['link', errorName(context, 'receiver')]));
+container.on('error', (e) => report.errors.push(['transport', String((e && e.code) || e)]));
+container.on('disconnected', (context) => {
+    if (!finished) {
+        report.errors.push(['transport', context.error ? String(context.error.code || context.error) : 'disconnected']);
+        finish(null);
+    }
+});
+container.on('connection_close', () => {
+    if (!finished) finish(null);
+});
+
+if (op === 'send') {
+    const sender = connection.open_sender(address);
+    let settled = 0;
+    const outcome = (name) => (context) => {
+        report.outcomes[name] = (report.outcomes[name] || 0) + 1;
+        settled += 1;
+        if (settled === count) finish(context.connection);
+    };
+    sender.on('sendable', (context) => {
+        while (context.sender.sendable() && report.sent < count) {
+            context.sender.send({ body: `rhea-${report.sent}` });
+            report.sent += 1;
+        }
+    });
+    sender.on('accepted', outcome('accepted'));
+    sender.on('rejected', outcome('rejected'));
+    sender.on('released', outcome('released'));
+    sender.on('modified', outcome('modified'));
+    if (count === 0) connection.once('connection_open', (context) => finish(context.connection));
+} else {
+    const receiver = connection.open_receiver({ source: address, credit_window: 0, autoaccept: false });
+    receiver.add_credit(count);
+    receiver.on('message', (context) => {
+        if (report.received.length >= count) {
+            context.delivery.release({ delivered: false }); // beyond our credit (RabbitMQ does it)
+            return;
+        }
+        report.received.push(context.message.body);
+        context.delivery.accept();
+        if (report.received.length === count) finish(context.connection);
+    });
+}
