@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from cproton import pn_link_credit
+from cproton import PN_RELEASED, pn_link_credit
 from proton import Condition, Endpoint, Handler, Link
 
 from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
@@ -66,11 +66,12 @@ class _Sender:
 class _Receiver:
     """The shared upstream receiver of one source address."""
 
-    __slots__ = ("destination", "link")
+    __slots__ = ("closing", "destination", "link")
 
     def __init__(self, destination: Destination) -> None:
         self.destination = destination
         self.link: Link | None = None
+        self.closing = False  # draining its credit, to detach once it is zero
 
 
 @contain_errors
@@ -274,8 +275,21 @@ class BrokerBackend(Handler):
         # No local consumer is left: give back what was fetched ahead, then detach.
         destination.upstream_credit = 0
         self._give_back_fetched(destination)
-        if receiver.link is not None and receiver.link.state & Endpoint.LOCAL_ACTIVE:
-            receiver.link.close()
+        link = receiver.link
+        if link is None or not link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        if pn_link_credit(link._impl) > 0:
+            # RabbitMQ hides the released messages of a receiver detached with credit
+            # outstanding from every other consumer: drain it to zero first.
+            receiver.closing = True
+            link.drain(0)
+        else:
+            link.close()
+
+    def _close_drained(self, receiver: _Receiver) -> None:
+        link = receiver.link
+        if link is not None and pn_link_credit(link._impl) <= 0 and link.state & Endpoint.LOCAL_ACTIVE:
+            link.close()
 
     def _give_back_fetched(self, destination: Destination) -> None:
         """Release to the broker every message fetched for ``destination`` and waiting."""
@@ -313,6 +327,10 @@ class BrokerBackend(Handler):
         sender = kept(event.link, "qf_sender")
         if sender is not None and sender.link == event.link:
             self._pump(sender)
+            return
+        receiver = kept(event.link, "qf_receiver")
+        if receiver is not None and receiver.closing:
+            self._close_drained(receiver)
 
     def on_delivery(self, event: DeliveryEvent) -> None:
         link = event.link
@@ -339,6 +357,10 @@ class BrokerBackend(Handler):
         if not delivery.readable or delivery.partial:
             return
         data = take_transfer(link, delivery.pending)
+        if receiver.closing:
+            delivery.settle_as(PN_RELEASED)  # came while draining: nobody here wants it
+            self._close_drained(receiver)
+            return
         # The broker may send beyond the credit we gave (RabbitMQ does): keep it all.
         message = Message(data, receiver.destination.address)
         message.upstream_epoch = self.epoch
