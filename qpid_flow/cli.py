@@ -40,8 +40,12 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     serve.add_argument("--listen", metavar="HOST:PORT", help="where clients connect (default 127.0.0.1:5673)")
     serve.add_argument(
         "--broker",
-        metavar="URL",
-        help="the broker to sit in front of, e.g. amqp://guest:guest@127.0.0.1:5672 (default: standalone)",
+        metavar="URL[,URL...]",
+        help=(
+            "the broker to sit in front of, e.g. amqp://guest:guest@127.0.0.1:5672; several are tried in "
+            "order (default: standalone). Clients authenticate at the broker with their own credentials; "
+            "these serve qpid-flow's own links only"
+        ),
     )
     serve.add_argument(
         "--admin",
