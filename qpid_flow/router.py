@@ -78,6 +78,13 @@ class Router(Handler):
 
     # --- connections ----------------------------------------------------------------------
 
+    def on_connection_bound(self, event: Event) -> None:
+        # An explicit mechanism list: without one, Proton's SASL server hands a sasl-init
+        # whose mechanism is null to strcmp and the process dies (python-qpid-proton 0.39,
+        # 0.40); with one it answers such a frame with an auth failure.
+        if event.transport is not None and event.connection not in self.connections:
+            event.transport.sasl().allowed_mechs("ANONYMOUS")
+
     def on_connection_remote_open(self, event: Event) -> None:
         conn = event.connection
         if conn.state & Endpoint.LOCAL_UNINIT:
