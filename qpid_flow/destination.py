@@ -70,6 +70,9 @@ class Destination:
         # In front of a broker: credit the shared upstream receiver has outstanding (what
         # the broker may have sent that has not arrived yet).
         self.upstream_credit = 0
+        # In front of a broker: consumers whose links are mirrored to the broker (they get
+        # their messages from it directly, not from this destination's queue).
+        self.mirrored_consumers = 0
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
@@ -303,7 +306,7 @@ class Destination:
             "dequeued": self.dequeued_total,
             "ringDropped": self.ring_dropped,
             "producers": len(self.producers),
-            "consumers": len(self.consumers),
+            "consumers": len(self.consumers) + self.mirrored_consumers,
             "maxCount": self.policy.max_count or 0,
             "maxSize": self.policy.max_size or 0,
             "limitPolicy": self.policy.policy,

@@ -78,6 +78,24 @@ class BrokerGate:
         self._listener._transport = None
         container.update(self._listener)
         self.handshakes: set[_Handshake] = set()
+        self._probes: dict[BrokerAddress, list[Callable[[bool], None]]] = {}
+
+    def probe(self, broker: BrokerAddress, on_result: Callable[[bool], None], timeout: float = 2.0) -> None:
+        """Find out whether ``broker`` accepts connections now; ``on_result(True or False)``.
+
+        A broker connection that ends without a close looks the same on the socket whether
+        the broker dropped that one connection or the broker is gone; the router tells its
+        clients apart by asking. Probes of one broker under way at once are shared."""
+        waiting = self._probes.get(broker)
+        if waiting is not None:
+            waiting.append(on_result)
+            return
+        self._probes[broker] = [on_result]
+        _Probe(self, broker, timeout)
+
+    def _probed(self, broker: BrokerAddress, reachable: bool) -> None:
+        for on_result in self._probes.pop(broker, []):
+            on_result(reachable)
 
     def close(self) -> None:
         """Stop accepting clients (handshakes under way finish or time out)."""
@@ -315,6 +333,42 @@ class _Handshake:
         if not self._client_selectable.is_terminal:
             self._client_selectable.terminate()
             self._client_selectable.update()
+
+
+class _Probe:
+    """One TCP connect to a broker, to learn whether it is there; closed at once."""
+
+    def __init__(self, gate: BrokerGate, broker: BrokerAddress, timeout: float) -> None:
+        self._gate = gate
+        self._broker = broker
+        self._done = False
+        container = gate._container
+        self._timer = container.schedule(timeout, self)
+        try:
+            address = socket.getaddrinfo(broker.host, broker.port, socket.AF_UNSPEC, socket.SOCK_STREAM)[0]
+            sock = IO.connect(address)
+        except OSError:
+            self._selectable = None
+            self._finish(False)
+            return
+        self._selectable = _selectable(container, self, sock, writing=True)
+
+    def on_selectable_writable(self, _event: Any) -> None:
+        assert self._selectable is not None
+        self._finish(not self._selectable.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+
+    def on_timer_task(self, _event: Any) -> None:
+        self._finish(False)
+
+    def _finish(self, reachable: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._timer.cancel()
+        if self._selectable is not None:
+            self._selectable.terminate()
+            self._selectable.update()  # closes the socket
+        self._gate._probed(self._broker, reachable)
 
 
 # --- sockets and Proton's selectables ------------------------------------------------------

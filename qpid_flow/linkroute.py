@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -38,7 +39,7 @@ from qpid_flow.dialect import Dialect, Node, dialect_for
 from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
 from qpid_flow.guard import contain_errors
 from qpid_flow.memory import MemoryMeter
-from qpid_flow.model import Message, Outcome, Settlement
+from qpid_flow.model import Consumer, Message, Outcome, Settlement
 from qpid_flow.outcomes import relay_state, remote_settlement
 from qpid_flow.router import ANONYMOUS_RELAY, Router, _connection_ids
 
@@ -55,9 +56,10 @@ if TYPE_CHECKING:
 
 __all__ = ["BrokerRouter"]
 
+_FORCED = "amqp:connection:forced"
+
 log = structlog.get_logger("qpid_flow.linkroute")
 
-_FORCED = "amqp:connection:forced"
 _ACCEPTED = Settlement.accepted()
 _PROBE = "probe"  # an upstream receiver that only checks a grouped consumer's right to read
 
@@ -105,21 +107,21 @@ class _ProducerRoute:
 class _ConsumerRoute:
     """A client's consumer link and its upstream receiver: credit and outcomes pass through."""
 
-    __slots__ = ("client", "destination", "draining", "ending", "pending", "sent", "upstream")
+    __slots__ = ("client", "consumer", "destination", "draining", "pending", "sent", "upstream")
 
     def __init__(self, client: Link, upstream: Link, destination: Destination | None) -> None:
         self.client = client
         self.upstream = upstream
         # Counted out of its depth when the client accepts or rejects (None: not a queue).
         self.destination = destination
+        # The link as plugins see it, once the broker accepted it (None: not a queue).
+        self.consumer: Consumer | None = None
         # From the broker, waiting for the client's credit (RabbitMQ sends beyond credit).
         self.pending: deque[tuple[bytes, LeanDelivery]] = deque()
-        # Sent to the client, unsettled: client C delivery -> (client wrapper, upstream delivery, size)
-        self.sent: dict[Any, tuple[LeanDelivery, LeanDelivery, int]] = {}
+        # Sent to the client, unsettled: client C delivery -> (client wrapper, upstream
+        # delivery, size, the message as plugins saw it or None when none listens)
+        self.sent: dict[Any, tuple[LeanDelivery, LeanDelivery, int, Message | None]] = {}
         self.draining = False
-        # The client detached (False) or closed (True): the upstream link follows once its
-        # credit is drained.
-        self.ending: bool | None = None
 
 
 class _Backend:
@@ -174,6 +176,13 @@ class BrokerRouter(Router):
         self._producer_routes: dict[int, _ProducerRoute] = {}  # by producer id
         self._relay_tags = itertools.count(1)
         self.pairs: set[_Pair] = set()
+        # Whether plugins want to hear of mirrored consumers' messages (the event log does):
+        # if none does, no Message is built for them.
+        self._observed = any(
+            hooks.listens(name) for name in ("message_enqueued", "message_delivered", "message_settled")
+        )
+        # Asks whether a broker accepts connections now (the gate's probe; None: assume so).
+        self.probe: Callable[[BrokerAddress, Callable[[bool], None]], None] | None = None
 
     # --- pairs and connections --------------------------------------------------------------
 
@@ -262,8 +271,8 @@ class BrokerRouter(Router):
         if pair is None:
             return
         if conn == pair.upstream:
-            if pair.client.state & Endpoint.LOCAL_ACTIVE or pair.client.state & Endpoint.LOCAL_UNINIT:
-                self._close_client(pair, Condition(_FORCED, "the broker connection was lost"), "broker_lost")
+            if not pair.client.state & Endpoint.LOCAL_CLOSED:
+                self._upstream_dropped(pair)
         else:
             self._client_gone(pair)
             _close(pair.upstream, None)
@@ -287,6 +296,31 @@ class BrokerRouter(Router):
             client.open()  # a close needs an open before it, even for a refusal
         client.condition = condition
         client.close()
+
+    def _upstream_dropped(self, pair: _Pair) -> None:
+        """The broker connection ended without a close. Either the broker dropped that one
+        connection (RabbitMQ does, for a message it cannot take): the client's connection
+        is dropped the same way, as it would have been directly; or the broker is gone: the
+        client is told with amqp:connection:forced. Either way its own reconnect takes
+        over. Which of the two, a connect to the broker tells."""
+        self._client_gone(pair)
+        if self.probe is None:
+            self._drop_client(pair, True)
+            return
+        self.probe(pair.broker, lambda reachable: self._drop_client(pair, reachable))
+
+    def _drop_client(self, pair: _Pair, broker_reachable: bool) -> None:
+        client = pair.client
+        if client.state & Endpoint.LOCAL_CLOSED:
+            return
+        if not broker_reachable:
+            self._close_client(pair, Condition(_FORCED, "the broker connection was lost"), "broker_lost")
+            return
+        log.info("connection_dropped_upstream", connection=pair.id, broker=pair.broker.redacted)
+        transport = client.transport
+        if transport is not None:
+            transport.close_tail()
+            transport.close_head()
 
     def _client_gone(self, pair: _Pair) -> None:
         if pair in self.pairs:
@@ -318,24 +352,27 @@ class BrokerRouter(Router):
             peer.qf_waiting = None
 
     def on_session_remote_close(self, event: Event) -> None:
+        """As links: the other side is told, and this side answered when it answers."""
         session = event.session
         peer: Session | None = kept(session, "qf_peer")
-        for end in (session, peer):
-            if end is not None:
-                self._links_of_session_gone(end)
-        if peer is not None and not peer.state & Endpoint.LOCAL_CLOSED:
-            if peer.state & Endpoint.LOCAL_UNINIT:
-                peer.open()
-            peer.condition = session.remote_condition
-            peer.close()
-            if session.connection == kept(session.connection, "qf_pair").upstream:
-                log.info(
-                    "session_ended_by_broker",
-                    connection=kept(session.connection, "qf_pair").id,
-                    condition=session.remote_condition.name if session.remote_condition else None,
-                )
-        if session.state & Endpoint.LOCAL_ACTIVE:
-            session.close()
+        self._links_of_session_gone(session)
+        if peer is None or peer.state & Endpoint.LOCAL_CLOSED:
+            if session.state & Endpoint.LOCAL_ACTIVE:
+                session.close()
+            return
+        self._links_of_session_gone(peer)
+        if peer.state & Endpoint.LOCAL_UNINIT:
+            peer.open()
+        peer.condition = session.remote_condition
+        peer.close()
+        pair: _Pair | None = kept(session.connection, "qf_pair")
+        if pair is not None and session.connection == pair.upstream and session.remote_condition is not None:
+            log.info(
+                "session_ended_by_broker",
+                connection=pair.id,
+                condition=session.remote_condition.name,
+                description=session.remote_condition.description,
+            )
 
     def _links_of_session_gone(self, session: Session) -> None:
         link = session.connection.link_head(0)
@@ -456,7 +493,17 @@ class BrokerRouter(Router):
                 destination.credit_changed(consumer, pn_link_credit(client._impl))
                 self.backend.demand_changed(destination)
         else:
-            self._consumer_credit(kept(client, "qf_route"))
+            route: _ConsumerRoute = kept(client, "qf_route")
+            if route.destination is not None:
+                route.consumer = Consumer(
+                    route.destination.address,
+                    _not_dispatched,
+                    client.snd_settle_mode == Link.SND_SETTLED,
+                    name=client.name,
+                    connection_id=client.connection.qf_id,
+                )
+                route.destination.mirrored_consumers += 1
+            self._consumer_credit(route)
 
     # --- links: detach ----------------------------------------------------------------------
 
@@ -467,40 +514,32 @@ class BrokerRouter(Router):
         self._link_ended(event.link, closed=False)
 
     def _link_ended(self, link: Link, closed: bool) -> None:
+        """One side detached or closed a link: the other side is told, and this side is
+        answered when the other answers, with its mode (detach or close) and condition, as
+        the client would have been answered directly."""
         peer: Link | None = kept(link, "qf_peer")
         from_broker = bool(kept(link.connection, "qf_upstream"))
-        route: _ConsumerRoute | None = kept(link, "qf_route")
-        if route is not None and peer is not None and pn_link_credit(peer._impl) > 0:
-            # RabbitMQ hides the released messages of a receiver detached with credit
-            # outstanding from every other consumer: drain the credit first, then detach.
-            self._link_gone(link)
-            route.ending = closed
-            route.draining = True
-            peer.condition = link.remote_condition
-            peer.drain(0)
-            if link.state & Endpoint.LOCAL_ACTIVE:
-                link.close() if closed else link.detach()
-            return
         if from_broker and peer is None:
             self._relay_sender_ended(link, closed)
         self._link_gone(link)
-        if peer is not None:
-            self._link_gone(peer)
-            if not peer.state & Endpoint.LOCAL_CLOSED:
-                if peer.state & Endpoint.LOCAL_UNINIT:
-                    peer.open()
-                peer.condition = link.remote_condition
-                peer.close() if closed else peer.detach()
-            if from_broker and link.remote_condition is not None:
-                log.info(
-                    "link_refused_by_broker" if peer.state & Endpoint.REMOTE_ACTIVE else "link_closed_by_broker",
-                    connection=kept(link.connection, "qf_pair").id,
-                    link=link.name,
-                    condition=link.remote_condition.name,
-                    description=link.remote_condition.description,
-                )
-        if link.state & Endpoint.LOCAL_ACTIVE:
-            link.close() if closed else link.detach()
+        if peer is None or peer.state & Endpoint.LOCAL_CLOSED:
+            # Nothing mirrored (a relay link), or this is the answer to our own end.
+            if link.state & Endpoint.LOCAL_ACTIVE:
+                link.close() if closed else link.detach()
+            return
+        self._link_gone(peer)
+        if peer.state & Endpoint.LOCAL_UNINIT:
+            peer.open()
+        peer.condition = link.remote_condition
+        peer.close() if closed else peer.detach()
+        if from_broker and link.remote_condition is not None:
+            log.info(
+                "link_closed_by_broker",
+                connection=kept(link.connection, "qf_pair").id,
+                link=link.name,
+                condition=link.remote_condition.name,
+                description=link.remote_condition.description,
+            )
 
     def _link_gone(self, link: Link) -> None:
         """Forget a link of either side (idempotent)."""
@@ -555,6 +594,9 @@ class BrokerRouter(Router):
             link.close() if closed else link.detach()
 
     def _consumer_route_gone(self, route: _ConsumerRoute) -> None:
+        if route.consumer is not None and route.destination is not None:
+            route.destination.mirrored_consumers -= 1
+            route.consumer = None
         route.sent.clear()  # unsettled upstream: the broker gets them back on detach
         self._release_pending(route)
 
@@ -707,14 +749,6 @@ class BrokerRouter(Router):
 
     def _upstream_credit_changed(self, route: _ConsumerRoute) -> None:
         """A drain is answered once the broker has used or given back all its credit."""
-        if route.ending is not None:
-            if pn_link_credit(route.upstream._impl) <= 0:
-                self._release_pending(route)
-                upstream = route.upstream
-                route.ending, closed = None, route.ending
-                if upstream.state & Endpoint.LOCAL_ACTIVE:
-                    upstream.close() if closed else upstream.detach()
-            return
         if route.draining and not route.pending and pn_link_credit(route.upstream._impl) <= 0:
             route.draining = False
             route.upstream.drain_mode = False
@@ -775,42 +809,60 @@ class BrokerRouter(Router):
             delivery.settle_as(PN_RELEASED)
             return
         route.pending.append((data, delivery))
-        if route.ending is not None:
-            self._upstream_credit_changed(route)  # arrived while draining to detach: back it goes
-            return
         self._send_pending(route)
         self._upstream_credit_changed(route)
 
     def _send_pending(self, route: _ConsumerRoute) -> None:
         client = route.client
         pending = route.pending
+        observed = self._observed
         while pending and pn_link_credit(client._impl) > 0:
             data, upstream = pending.popleft()
             delivery = new_delivery(client, str(next(self._tags)))
             send_transfer(client, data)
+            message = self._observe_delivery(route, data) if observed else None
             if upstream.settled:
                 delivery.settle()  # the broker sent it settled: at-most-once, end to end
                 upstream.settle()
-                self._counted_out(route, len(data))
+                self._counted_out(route, len(data), message, _ACCEPTED)
             else:
-                route.sent[delivery._impl] = (delivery, upstream, len(data))
+                route.sent[delivery._impl] = (delivery, upstream, len(data), message)
+
+    def _observe_delivery(self, route: _ConsumerRoute, data: bytes) -> Message | None:
+        """Tell plugins (the event log) what a mirrored consumer got, as a queue would."""
+        destination = route.destination
+        consumer = route.consumer
+        if destination is None or consumer is None:
+            return None
+        message = Message(data, destination.address)
+        self.hooks.message_enqueued(destination=destination, message=message)
+        self.hooks.message_delivered(destination=destination, message=message, consumer=consumer)
+        return message
 
     def _client_outcome(self, route: _ConsumerRoute, event: DeliveryEvent) -> None:
         entry = route.sent.get(event.impl)
         if entry is None:
             return
-        delivery, upstream, size = entry
+        delivery, upstream, size, message = entry
         settlement = relay_state(delivery, upstream)
         if delivery.settled:
             del route.sent[event.impl]
             delivery.settle()
-            if settlement is not None and settlement.outcome.removes_message:
-                self._counted_out(route, size)
+            if settlement is not None:
+                self._counted_out(route, size, message, settlement)
 
-    def _counted_out(self, route: _ConsumerRoute, size: int) -> None:
+    def _counted_out(self, route: _ConsumerRoute, size: int, message: Message | None, settlement: Settlement) -> None:
+        """A mirrored consumer settled a message: it leaves the queue's depth (accepted,
+        rejected) or goes back to the broker (released, modified)."""
         destination = route.destination
-        if destination is not None and destination.depth:
+        if destination is None:
+            return
+        if destination.depth and settlement.outcome.removes_message:
             destination.count_out(_Sized(size))  # type: ignore[arg-type]
+        if message is not None:
+            self.hooks.message_settled(
+                destination=destination, message=message, consumer=route.consumer, settlement=settlement
+            )
 
     def _relay_coordinator(self, link: Link, upstream: Link, delivery: LeanDelivery) -> None:
         """A transaction coordinator's transfer (declare, discharge) goes to the broker as is."""
@@ -843,6 +895,11 @@ class _Sized:
 
     def __init__(self, size: int) -> None:
         self.size = size
+
+
+def _not_dispatched(_consumer: Consumer, _message: Message) -> None:
+    """A mirrored consumer's messages come from the broker, never from a destination."""
+    raise AssertionError("a mirrored consumer was handed a message by its destination")
 
 
 def _close(endpoint: Any, condition: Condition | None) -> None:

@@ -179,6 +179,11 @@ class Hooks:
         self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, "qpid_flow_settlement_delay", False)
         self.consumer_select = _guarded(h.qpid_flow_consumer_select, "qpid_flow_consumer_select", Hold("policy error"))
 
+    def listens(self, name: str) -> bool:
+        """Whether any plugin implements the notification ``name`` (an attribute above):
+        a caller may skip building what only that notification would use."""
+        return getattr(self, name) is not _noop
+
     def builtin_only(self, hook: str) -> bool:
         """Whether every implementation of ``hook`` (its full name) is a built-in plugin's:
         a caller may then rely on what the built-ins answer."""

@@ -100,6 +100,7 @@ class Server(Handler):
                 on_pair=self.router.pair_opened,
                 handler=self.router,
             )
+            self.router.probe = self._acceptor.probe
         else:
             self._acceptor = self.container.listen(f"{host}:{port}")
         if self.admin is not None:

@@ -71,7 +71,7 @@ class _Receiver:
     def __init__(self, destination: Destination) -> None:
         self.destination = destination
         self.link: Link | None = None
-        self.closing = False  # draining its credit, to detach once it is zero
+        self.closing = False  # detached: nothing it still receives is wanted
 
 
 @contain_errors
@@ -260,7 +260,15 @@ class BrokerBackend(Handler):
     def _open_receiver(self, receiver: _Receiver) -> None:
         if not self.connected or self._connection is None:
             return
-        link = self._container.create_receiver(self._connection, receiver.destination.address)
+        # A session of its own: RabbitMQ keeps what it sent on a receiver detached with
+        # credit outstanding out of every other consumer's sight until the session (its
+        # AMQP 0-9-1 channel) ends; and it ends the session of a receiver that drains.
+        session = self._connection.session()
+        session.open()
+        link = session.receiver(f"qpid-flow-reader-{receiver.destination.address}-{next(self._tags)}")
+        link.source.address = receiver.destination.address
+        link.target.address = receiver.destination.address
+        link.open()
         link.qf_receiver = receiver
         keep_link(link)
         receiver.link = link
@@ -276,20 +284,10 @@ class BrokerBackend(Handler):
         destination.upstream_credit = 0
         self._give_back_fetched(destination)
         link = receiver.link
-        if link is None or not link.state & Endpoint.LOCAL_ACTIVE:
-            return
-        if pn_link_credit(link._impl) > 0:
-            # RabbitMQ hides the released messages of a receiver detached with credit
-            # outstanding from every other consumer: drain it to zero first.
-            receiver.closing = True
-            link.drain(0)
-        else:
+        if link is not None and link.state & Endpoint.LOCAL_ACTIVE:
+            receiver.closing = True  # what still arrives goes back at once
             link.close()
-
-    def _close_drained(self, receiver: _Receiver) -> None:
-        link = receiver.link
-        if link is not None and pn_link_credit(link._impl) <= 0 and link.state & Endpoint.LOCAL_ACTIVE:
-            link.close()
+            link.session.close()  # see _open_receiver
 
     def _give_back_fetched(self, destination: Destination) -> None:
         """Release to the broker every message fetched for ``destination`` and waiting."""
@@ -328,9 +326,6 @@ class BrokerBackend(Handler):
         if sender is not None and sender.link == event.link:
             self._pump(sender)
             return
-        receiver = kept(event.link, "qf_receiver")
-        if receiver is not None and receiver.closing:
-            self._close_drained(receiver)
 
     def on_delivery(self, event: DeliveryEvent) -> None:
         link = event.link
@@ -358,8 +353,7 @@ class BrokerBackend(Handler):
             return
         data = take_transfer(link, delivery.pending)
         if receiver.closing:
-            delivery.settle_as(PN_RELEASED)  # came while draining: nobody here wants it
-            self._close_drained(receiver)
+            delivery.settle_as(PN_RELEASED)  # came after the last consumer left
             return
         # The broker may send beyond the credit we gave (RabbitMQ does): keep it all.
         message = Message(data, receiver.destination.address)

@@ -130,7 +130,11 @@ class _Client(MessagingHandler):
         self.finish()
 
     def on_disconnected(self, event: Any) -> None:
-        if self.reconnect is not None and (event.connection != self.connection or self._lost("disconnected")):
+        # Proton's messaging layer reports a close with amqp:connection:forced (the
+        # broker's, or qpid-flow's when the broker is lost) only as this disconnect.
+        condition = event.connection.remote_condition if event.connection is not None else None
+        why = condition.name if condition is not None else "disconnected"
+        if self.reconnect is not None and (event.connection != self.connection or self._lost(why)):
             return
         if not self.done.is_set():
             self.error = self.error or "disconnected"

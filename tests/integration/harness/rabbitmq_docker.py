@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
 import tarfile
 from typing import Any
 
@@ -93,6 +94,19 @@ class DockerRabbitMQBroker(Broker):
         if self.container is None:
             raise BrokerError("restart(): no container (stopped, not killed)")
         self.start()
+
+    def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """`rabbitmqctl ARGS` inside the container, answered as the local broker's ctl()."""
+        if self.container is None:
+            raise BrokerError("ctl(): broker is not running")
+        result = self.container.exec_run(["rabbitmqctl", *args], demux=True)
+        stdout, stderr = result.output
+        return subprocess.CompletedProcess(
+            ["rabbitmqctl", *args],
+            result.exit_code,
+            (stdout or b"").decode(errors="replace"),
+            (stderr or b"").decode(errors="replace"),
+        )
 
     def log_tail(self, lines: int = 60) -> str:
         if self.container is None:
