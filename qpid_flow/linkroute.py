@@ -260,10 +260,11 @@ class BrokerRouter(Router):
         condition = conn.remote_condition
         if conn == pair.upstream:
             self._close_client(pair, condition, "closed_by_broker")
+            _close(conn, None)
         else:
             self._client_gone(pair)
+            _close(conn, None)  # first: closing the upstream side then finds it closed
             _close(pair.upstream, condition)
-        _close(conn, None)
 
     def on_transport_closed(self, event: Event) -> None:
         conn = event.connection

@@ -68,6 +68,8 @@ class _Client(MessagingHandler):
         self.container = event.container
         self.deadline = event.container.schedule(self.timeout, self)
         self.connect(event)
+        if self.reconnect is not None:
+            event.container.schedule(0.5, _Watch(self))
 
     def connect(self, event: Any) -> None:
         self.connection = event.container.connect(self.url, reconnect=False)
@@ -304,13 +306,33 @@ class _Stop(Handler):
         self.container.stop()
 
 
+class _Watch(Handler):
+    """Reconnect when the connection's transport has ended, even if no event said so for
+    that connection (a disconnect can arrive with its transport already unbound)."""
+
+    def __init__(self, client: _Client) -> None:
+        super().__init__()
+        self.client = client
+
+    def on_timer_task(self, event: Any) -> None:
+        client = self.client
+        if client.done.is_set():
+            return
+        connection = client.connection
+        if connection is not None:
+            transport = connection.transport
+            if transport is None or transport.closed:
+                client._lost("disconnected")
+        event.container.schedule(0.5, self)
+
+
 class _Reconnect(Handler):
     def __init__(self, client: _Client) -> None:
         super().__init__()
         self.client = client
 
     def on_timer_task(self, event: Any) -> None:
-        if not self.client.done.is_set():
+        if not self.client.done.is_set() and self.client.connection is None:
             self.client.connect(event)
 
 
