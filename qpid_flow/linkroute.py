@@ -277,9 +277,7 @@ class BrokerRouter(Router):
         else:
             self._client_gone(pair)
             _close(pair.upstream, None)
-        # The pair refers to both wrappers and each wrapper's record to the pair: a cycle
-        # through C that Python's collector cannot see. This side has no more events.
-        conn.qf_pair = None
+        _forget_endpoints(conn)
 
     def _close_client(self, pair: _Pair, condition: Condition | None, reason: str) -> None:
         client = pair.client
@@ -896,6 +894,31 @@ class _Sized:
 
     def __init__(self, size: int) -> None:
         self.size = size
+
+
+_KEPT = ("qf_peer", "qf_route", "qf_sender", "qf_producer", "qf_consumer", "qf_kind", "qf_coordinator", "qf_waiting")
+
+
+def _forget_endpoints(conn: Connection) -> None:
+    """Drop what qpid-flow kept on a connection whose transport has ended (it has no more
+    events), and on its sessions and links.
+
+    The two ends of a pair refer to each other through Proton's records (a link's peer,
+    the pair of a connection): cycles through C objects that Python's collector cannot
+    see, which would keep every closed pair in memory."""
+    link = conn.link_head(0)
+    while link is not None:
+        for name in _KEPT:
+            if kept(link, name) is not None:
+                setattr(link, name, None)
+        link = link.next(0)
+    session = conn.session_head(0)
+    while session is not None:
+        for name in ("qf_peer", "qf_waiting"):
+            if kept(session, name) is not None:
+                setattr(session, name, None)
+        session = session.next(0)
+    conn.qf_pair = None
 
 
 def _not_dispatched(_consumer: Consumer, _message: Message) -> None:
