@@ -479,6 +479,10 @@ class BrokerRouter(Router):
                 client.flow(max(pn_link_credit(upstream._impl), 0))
                 return
             destination = self.destination_for(client.remote_target.address)
+            if destination is None:  # auto_create = false and no policy names it
+                address = client.remote_target.address
+                self._end_pair(client, upstream, Condition("amqp:not-found", f"no destination {address!r}"))
+                return
             producer = self._start_producer(client, destination, grant=False)
             sender = _UpstreamSender(upstream, client.remote_target.address)
             upstream.qf_sender = sender
@@ -503,6 +507,13 @@ class BrokerRouter(Router):
                 )
                 route.destination.mirrored_consumers += 1
             self._consumer_credit(route)
+
+    def _end_pair(self, client: Link, upstream: Link, condition: Condition) -> None:
+        """Refuse a link the broker accepted: the client gets ``condition``, the broker a detach."""
+        client.condition = condition
+        client.close()
+        upstream.close()
+        log.info("link_refused", link=client.name, condition=condition.name, description=condition.description)
 
     # --- links: detach ----------------------------------------------------------------------
 

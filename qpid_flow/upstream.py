@@ -117,7 +117,9 @@ class BrokerBackend(Handler):
         self.epoch += 1
         broker = self._brokers[self._broker_index]
         log.info("upstream_connecting", broker=broker.redacted, attempt_delay=self._delay)
-        self._connection = self._container.connect(broker.url, handler=self, reconnect=False)
+        # The URL's path is the virtual host, sent as RabbitMQ expects it: "vhost:NAME".
+        virtual_host = f"vhost:{broker.vhost}" if broker.vhost else None
+        self._connection = self._container.connect(broker.url, handler=self, reconnect=False, virtual_host=virtual_host)
 
     def on_connection_remote_open(self, event: Event) -> None:
         if event.connection != self._connection:

@@ -43,6 +43,8 @@ def test_durations(text: object, expected: float) -> None:
         ({"listne": "x"}, "listne", "unknown key"),
         ({"listen": "localhost"}, "listen", "HOST:PORT"),
         ({"broker": "http://x"}, "broker", "URL"),
+        ({"broker": "amqp://a:5672,amqps://u:secret@b"}, "broker", "entry 2: TLS to the broker"),
+        ({"broker_dialect": "artemis"}, "broker_dialect", "one of"),
         ({"producer_window": 0}, "producer_window", "positive integer"),
         ({"producer_window": "10"}, "producer_window", "positive integer"),
         ({"default_max_size": "ten megs"}, "default_max_size", "size"),
@@ -58,6 +60,7 @@ def test_bad_values_name_the_key_and_the_rule(data: dict, key: str, rule: str) -
     assert caught.value.key == key
     assert rule in str(caught.value)
     assert "\n" not in str(caught.value)
+    assert "secret" not in str(caught.value)
 
 
 def test_bad_toml_is_one_line(tmp_path: Path) -> None:
