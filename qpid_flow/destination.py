@@ -4,9 +4,11 @@ Plain Python, no Proton: the router hands it messages and consumers, and it call
 ``consumer.deliver`` when a message should go out. Which consumer gets which message
 is the ``qpid_flow_consumer_select`` hook's answer.
 
-Standalone, a destination is the queue itself. In front of a broker it holds what the
-shared upstream receiver fetched ahead for the local consumers; those messages stay
-unsettled upstream until a consumer settles them (``Message.on_dequeue``).
+Standalone, a destination is the queue itself. In front of a broker, consumers' links are
+mirrored to the broker and the destination only counts (depth, consumers); for a grouped
+destination it holds what qpid-flow's own upstream receiver fetched ahead for its
+consumers; those messages stay unsettled upstream until a consumer settles them
+(``Message.on_dequeue``).
 """
 
 from __future__ import annotations
