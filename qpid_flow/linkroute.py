@@ -202,7 +202,7 @@ class BrokerRouter(Router):
         pair: _Pair | None = kept(conn, "qf_pair")
         if pair is None:
             return
-        if conn is pair.client or conn == pair.client:
+        if conn == pair.client:
             # The client's open goes to the broker as the client gave it.
             upstream = pair.upstream
             upstream.container = conn.remote_container
