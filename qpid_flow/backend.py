@@ -1,8 +1,10 @@
 """Where producer messages go and where consumer messages come from.
 
 Two backends implement this: :class:`~qpid_flow.standalone.StandaloneBackend` (the
-destinations are the queues) and :class:`~qpid_flow.upstream.BrokerBackend` (a broker
-behind qpid-flow). The router talks to whichever it was given and nothing else.
+destinations are the queues) and, in front of a broker, the one of
+:mod:`qpid_flow.linkroute` (producers' own upstream links, and
+:class:`~qpid_flow.upstream.GroupReader` for grouped destinations). The router talks to
+whichever it was given and nothing else.
 """
 
 from __future__ import annotations

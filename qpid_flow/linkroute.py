@@ -16,7 +16,7 @@ What the policies still decide, exactly as standalone:
 - anonymous-relay producers (null target): qpid-flow relays, with one upstream sender per
   ``to`` address on the client's own upstream session;
 - a destination with ``shared_groups`` is read by one upstream receiver of qpid-flow's
-  own (:class:`~qpid_flow.upstream.BrokerBackend`) that pins groups; a consumer's right to
+  own (:class:`~qpid_flow.upstream.GroupReader`) that pins groups; a consumer's right to
   read it is checked first with a zero-credit attach on its own upstream connection.
 
 Depth is counted per destination as the broker dialect names it (``X``, ``/queue/X`` and
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from qpid_flow.destination import Destination
     from qpid_flow.manager import Hooks
     from qpid_flow.registry import Destinations
-    from qpid_flow.upstream import BrokerBackend
+    from qpid_flow.upstream import GroupReader
 
 __all__ = ["BrokerRouter"]
 
@@ -128,7 +128,7 @@ class _Backend:
     """The router's backend in broker mode: producers go out on their own upstream links;
     grouped destinations are fed by qpid-flow's own reader (``group_reader``)."""
 
-    def __init__(self, router: BrokerRouter, group_reader: BrokerBackend) -> None:
+    def __init__(self, router: BrokerRouter, group_reader: GroupReader) -> None:
         self._router = router
         self.group_reader = group_reader
 
@@ -151,7 +151,7 @@ class _Backend:
         self.group_reader.demand_changed(destination)
 
     def in_flight(self) -> int:
-        return self._router.in_flight() + self.group_reader.in_flight()
+        return self._router.in_flight()
 
     def shutdown(self) -> None:
         self.group_reader.shutdown()
@@ -166,7 +166,7 @@ class BrokerRouter(Router):
         config: RouterConfig,
         hooks: Hooks,
         destinations: Destinations,
-        group_reader: BrokerBackend,
+        group_reader: GroupReader,
         memory: MemoryMeter | None = None,
     ) -> None:
         super().__init__(config, hooks, destinations, None, memory)  # type: ignore[arg-type]
@@ -496,7 +496,9 @@ class BrokerRouter(Router):
                 destination.credit_changed(consumer, pn_link_credit(client._impl))
                 self.backend.demand_changed(destination)
         else:
-            route: _ConsumerRoute = kept(client, "qf_route")
+            route: _ConsumerRoute | None = kept(client, "qf_route")
+            if route is None:
+                return  # the client went away while the broker was answering
             if route.destination is not None:
                 route.consumer = Consumer(
                     route.destination.address,

@@ -33,7 +33,7 @@ from qpid_flow.operations import Operations
 from qpid_flow.registry import Destinations
 from qpid_flow.router import Router
 from qpid_flow.standalone import StandaloneBackend
-from qpid_flow.upstream import BrokerBackend
+from qpid_flow.upstream import GroupReader
 
 __all__ = ["Server"]
 
@@ -58,19 +58,17 @@ class Server(Handler):
         self.memory = MemoryMeter(config.memory_limit)
         self.destinations = Destinations(config, self.hooks, self.memory)
         self.router: Router
-        self.group_reader: BrokerBackend | None = None
+        self.group_reader: GroupReader | None = None
         if config.broker is None:
             self.router = Router(config, self.hooks, self.destinations, StandaloneBackend(), self.memory)
         else:
             # In front of a broker: every client mirrored on a connection of its own
             # (linkroute); qpid-flow's own connection reads grouped destinations.
-            self.group_reader = BrokerBackend(
+            self.group_reader = GroupReader(
                 self.container,
                 config,
                 self.destinations,
-                on_writable=lambda: None,
                 on_link_failed=lambda *failure: self.router.upstream_link_failed(*failure),
-                memory=self.memory,
             )
             self.router = BrokerRouter(config, self.hooks, self.destinations, self.group_reader, self.memory)
         self.backend: Backend = self.router.backend

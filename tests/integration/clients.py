@@ -59,6 +59,7 @@ class _Client(MessagingHandler):
         self.reconnect = reconnect
         self.reconnects = 0
         self.losses: list[str] = []  # why each connection ended, in order
+        self.bound = False
         self.error: str | None = None
         self.done = threading.Event()
         self.connection: Any = None
@@ -72,6 +73,7 @@ class _Client(MessagingHandler):
             event.container.schedule(0.5, _Watch(self))
 
     def connect(self, event: Any) -> None:
+        self.bound = False  # the new connection's transport not seen yet (see _Watch)
         self.connection = event.container.connect(self.url, reconnect=False)
         self.open_links(event)
 
@@ -321,7 +323,11 @@ class _Watch(Handler):
         connection = client.connection
         if connection is not None:
             transport = connection.transport
-            if transport is None or transport.closed:
+            if transport is not None and not transport.closed:
+                client.bound = True
+            elif client.bound:
+                # Bound once and gone since: a connection just made has no transport for
+                # a turn or two, which is not a loss.
                 client._lost("disconnected")
         event.container.schedule(0.5, self)
 

@@ -40,15 +40,15 @@ from qpid_flow.linkroute import BrokerRouter
 from qpid_flow.manager import BUILTIN_PLUGINS, Hooks, build_plugin_manager
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.registry import Destinations
-from qpid_flow.upstream import BrokerBackend
+from qpid_flow.upstream import GroupReader as UpstreamGroupReader
 from tests.unit.proton_pairs import End, dispatch, move_bytes
 
 BROKER = BrokerAddress("amqp", "broker.test", 5672, user="app", password="secret", vhost="v1")
 SELECTOR = symbol("apache.org:selector-filter:string")
 
 
-class GroupReader:
-    """What BrokerRouter uses of :class:`BrokerBackend`: only shared_groups destinations call it."""
+class StubGroupReader:
+    """What BrokerRouter uses of :class:`UpstreamGroupReader`: only shared_groups destinations call it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
@@ -61,9 +61,6 @@ class GroupReader:
 
     def demand_changed(self, destination: Destination) -> None:
         self.calls.append(("demand_changed", destination.address))
-
-    def in_flight(self) -> int:
-        return 0
 
     def shutdown(self) -> None:
         self.calls.append(("shutdown", ""))
@@ -95,7 +92,7 @@ class Rig:
     """A BrokerRouter built from real qpid-flow objects, and the pairs it mirrors."""
 
     config: RouterConfig = field(default_factory=lambda: build_config({"broker": BROKER.url}))
-    group_reader: GroupReader = field(default_factory=GroupReader)
+    group_reader: StubGroupReader = field(default_factory=StubGroupReader)
     collector: Collector = field(default_factory=Collector)  # qpid-flow's, for all its connections
     pairs: list[Pair] = field(default_factory=list)
 
@@ -104,7 +101,7 @@ class Rig:
         memory = MemoryMeter()
         self.destinations = Destinations(self.config, hooks, memory)
         self.router = BrokerRouter(
-            self.config, hooks, self.destinations, cast(BrokerBackend, self.group_reader), memory
+            self.config, hooks, self.destinations, cast(UpstreamGroupReader, self.group_reader), memory
         )
 
     def connect(self) -> Pair:
