@@ -123,7 +123,16 @@ class _Client(MessagingHandler):
 
     def on_link_error(self, event: Any) -> None:
         condition = event.link.remote_condition
+        if self.reconnect is not None and (event.connection != self.connection or self._lost(condition.name)):
+            return  # an application that reconnects starts over on a new connection
         self.error = f"link error: {condition.name}: {condition.description}"
+        self.finish()
+
+    def on_session_error(self, event: Any) -> None:
+        condition = event.session.remote_condition
+        if self.reconnect is not None and (event.connection != self.connection or self._lost(condition.name)):
+            return
+        self.error = f"session error: {condition.name}: {condition.description}"
         self.finish()
 
     def on_connection_error(self, event: Any) -> None:

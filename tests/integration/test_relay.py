@@ -240,8 +240,9 @@ def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_fl
         m = make_message("p", i)
         m.durable = True
         messages.append(m)
-    producer = Producer(router.url, address, messages, timeout=180, pace=0.0005, reconnect=0.5)
-    consumer = Consumer(router.url, address, prefetch=20, timeout=180, idle_stop=25.0, reconnect=0.5)
+    # Generous time-outs: a broker restart on a loaded 2-core machine can take a minute.
+    producer = Producer(router.url, address, messages, timeout=300, pace=0.0005, reconnect=0.5)
+    consumer = Consumer(router.url, address, prefetch=20, timeout=300, idle_stop=40.0, reconnect=0.5)
     threads = start(producer, consumer)
     deadline = time.monotonic() + 60
     while len(producer.outcomes) < 800 and time.monotonic() < deadline:
@@ -256,7 +257,7 @@ def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_fl
     assert producer.reconnects >= 1 and consumer.reconnects >= 1
     fresh_rabbitmq.restart()
     for t in threads:
-        t.join(200)
+        t.join(320)
     assert producer.error is None, producer.error
     assert Counter(producer.outcomes.values()) == {"accepted": 3000}, "producers did not resume"
     got = {r.message.properties["index"] for r in consumer.received}
