@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import pytest
@@ -344,10 +344,17 @@ def test_drain_with_messages_waiting(both: Both) -> None:
     2 of them, then ends the session with amqp:internal-error (a function_clause on send_drained
     in rabbit_classic_queue); the drain never completes and all 3 go back to the queue (the
     accepts of the 2 were lost with the session), so the next consumer gets 0, 1, 2.
-    (BROKERS.md reports "2, then drained" with rhea.) Through qpid-flow the client sees the same."""
+    (BROKERS.md reports "2, then drained" with rhea.) Through qpid-flow the client sees the same.
+
+    The crash does not always stay in the session: in some runs RabbitMQ drops the whole
+    connection instead (no close frame), directly or through qpid-flow, which passes that on
+    as it came. Either end of the crash is the broker's; everything else must be equal."""
+    crashed = ({("session", "amqp:internal-error")}, {("transport", "amqp:connection:framing-error")})
     direct, through = both(drain_with_messages_waiting)
-    assert direct == Drain([0, 1], False, 3, [("session", "amqp:internal-error")], [(0, 0), (1, 0), (2, 0)])
-    assert through == direct
+    assert replace(direct, errors=[]) == Drain([0, 1], False, 3, [], [(0, 0), (1, 0), (2, 0)])
+    assert set(direct.errors) in crashed, direct.errors
+    assert replace(through, errors=[]) == replace(direct, errors=[])
+    assert set(through.errors) in crashed, through.errors
 
 
 # --- 6. TTL ----------------------------------------------------------------------------------
