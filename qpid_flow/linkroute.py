@@ -429,14 +429,7 @@ class BrokerRouter(Router):
         self._open_relay(link)
 
     def _open_relay(self, link: Link) -> None:
-        target = link.remote_target
-        link.source.copy(link.remote_source)
-        link.target.copy(target)
-        link.snd_settle_mode = link.remote_snd_settle_mode
-        link.rcv_settle_mode = Link.RCV_FIRST
-        if self.config.max_message_size:
-            link.max_message_size = self.config.max_message_size
-        link.open()
+        self._open_producer(link)
         producer = self._start_producer(link, None, grant=False)
         self._producer_routes[producer.id] = _ProducerRoute(link, None)
         self._grant(producer, link)

@@ -178,6 +178,12 @@ class Router(Handler):
             if destination is None:
                 self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
                 return
+        self._open_producer(link)
+        self._start_producer(link, destination)
+
+    def _open_producer(self, link: Link) -> None:
+        """Answer a producer's attach as qpid-flow itself: its termini, its settle mode,
+        settlement on the first outcome, the router's message size limit."""
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         link.snd_settle_mode = link.remote_snd_settle_mode
@@ -185,7 +191,6 @@ class Router(Handler):
         if self.config.max_message_size:
             link.max_message_size = self.config.max_message_size
         link.open()
-        self._start_producer(link, destination)
 
     def destination_for(self, address: str) -> Destination | None:
         """The destination an address names (created if allowed); None if there is none."""
