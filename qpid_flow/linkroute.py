@@ -782,14 +782,13 @@ class BrokerRouter(Router):
     def _broker_outcome(self, link: Link, event: DeliveryEvent) -> None:
         sender: _UpstreamSender | None = kept(link, "qf_sender")
         if sender is None:
-            client: Link | None = kept(link, "qf_peer")  # a coordinator link: states as they come
-            entry = kept(link, "qf_coordinator")
-            if client is not None and entry is not None and event.impl in entry:
-                source = entry[event.impl]
-                target = source[1]
-                relay_state(source[0], target)
-                if source[0].settled:
-                    del entry[event.impl]
+            # A coordinator link: the broker's states (declared, discharged) go back as they came.
+            sent = kept(link, "qf_coordinator")
+            if sent is not None and event.impl in sent:
+                upstream, client_delivery = sent[event.impl]
+                relay_state(upstream, client_delivery)
+                if upstream.settled:
+                    del sent[event.impl]
             return
         found = sender.in_flight.get(event.impl)
         if found is None:
@@ -871,11 +870,10 @@ class BrokerRouter(Router):
 
     def _relay_coordinator(self, link: Link, upstream: Link, delivery: LeanDelivery) -> None:
         """A transaction coordinator's transfer (declare, discharge) goes to the broker as is."""
-        if delivery.aborted or not delivery.readable or delivery.partial:
-            if delivery.aborted:
-                delivery.settle()
-            else:
-                return
+        if delivery.aborted:
+            delivery.settle()
+            return
+        if not delivery.readable or delivery.partial:
             return
         data = take_transfer(link, delivery.pending)
         sent = new_delivery(upstream, str(next(self._tags)))
