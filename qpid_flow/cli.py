@@ -37,14 +37,29 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         description="Run qpid-flow: standalone (in-memory destinations) unless --broker is given.",
     )
     serve.add_argument("--config", metavar="PATH", help="TOML configuration file (qpid-flow.toml)")
-    serve.add_argument("--listen", metavar="HOST:PORT", help="where clients connect (default 127.0.0.1:5673)")
+    serve.add_argument(
+        "--listen",
+        metavar="[amqps://]HOST:PORT[,...]",
+        help="where clients connect (default 127.0.0.1:5673); amqps:// listeners speak TLS (--tls-cert, --tls-key)",
+    )
+    serve.add_argument("--tls-cert", metavar="FILE", help="the listener's certificate chain (PEM)")
+    serve.add_argument("--tls-key", metavar="FILE", help="the listener's private key (PEM)")
+    serve.add_argument("--tls-ca", metavar="FILE", help="CA certificates that sign client certificates (PEM)")
+    serve.add_argument(
+        "--tls-require-client-cert",
+        action="store_true",
+        default=None,
+        help="refuse TLS clients without a certificate signed by --tls-ca",
+    )
+    serve.add_argument("--users-file", metavar="FILE", help="users who may sign in with PLAIN (qpid-flow user add)")
     serve.add_argument(
         "--broker",
         metavar="URL[,URL...]",
         help=(
             "the broker to sit in front of, e.g. amqp://guest:guest@127.0.0.1:5672; several are tried in "
             "order (default: standalone). Clients authenticate at the broker with their own credentials; "
-            "these serve qpid-flow's own links only"
+            "these serve qpid-flow's own links only. Keep a password off the command line: put it in the "
+            "configuration file or in QPID_FLOW_BROKER / QPID_FLOW_BROKER_PASSWORD"
         ),
     )
     serve.add_argument(
@@ -72,6 +87,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _serve(args: argparse.Namespace) -> int:
     overrides = {
         "listen": args.listen,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_ca": args.tls_ca,
+        "tls_require_client_cert": args.tls_require_client_cert,
+        "users_file": args.users_file,
         "broker": args.broker,
         "admin": args.admin,
         "events": args.events,
@@ -80,7 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
         "disable_plugins": args.disable_plugin,
     }
     try:
-        config = load_config(args.config, overrides)
+        config = load_config(args.config, overrides, os.environ)
     except ConfigError as exc:
         print(f"qpid-flow: configuration error: {exc}", file=sys.stderr)
         return 2

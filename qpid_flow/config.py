@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from qpid_flow.brokers import BrokerAddress
 
 __all__ = [
+    "ENVIRONMENT_KEYS",
+    "AclEntry",
     "ConfigError",
     "DestinationPolicy",
     "RouterConfig",
@@ -142,6 +144,38 @@ def _broker_url(value: Any, key: str) -> str:
     return ",".join(address.url for address in addresses)
 
 
+def _listen_list(value: Any, key: str) -> str:
+    """One listener or several (a comma-separated string or a TOML array): ``HOST:PORT`` or
+    ``amqp://HOST:PORT`` for plain AMQP, ``amqps://HOST:PORT`` for TLS. Kept as one
+    comma-joined string, plain entries as ``HOST:PORT``."""
+    entries = value.split(",") if isinstance(value, str) else value
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(key, value, "must be HOST:PORT, amqps://HOST:PORT, or a list of them")
+    normalised = []
+    for number, entry in enumerate(entries, 1):
+        if not isinstance(entry, str):
+            raise ConfigError(key, value, f"entry {number}: must be a string such as 127.0.0.1:5673")
+        entry = entry.strip()
+        scheme, sep, rest = entry.partition("://")
+        if not sep:
+            scheme, rest = "amqp", entry
+        if scheme not in ("amqp", "amqps"):
+            raise ConfigError(key, value, f"entry {number}: scheme must be amqp:// or amqps://")
+        _host_port(rest, key if len(entries) == 1 else f"{key} (entry {number})")
+        normalised.append(rest if scheme == "amqp" else f"amqps://{rest}")
+    if len(set(normalised)) != len(normalised):
+        raise ConfigError(key, value, "lists the same address twice")
+    return ",".join(normalised)
+
+
+def _existing_file(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, value, "must be the path of a file")
+    if not Path(value).is_file():
+        raise ConfigError(key, value, "no such file")
+    return value
+
+
 def _one_of(*choices: str) -> Callable[[Any, str], str]:
     def check(value: Any, key: str) -> str:
         if value not in choices:
@@ -155,6 +189,46 @@ def _string_list(value: Any, key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(key, value, "must be a list of strings")
     return list(value)
+
+
+# --- Access control -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AclEntry:
+    """One ``[[acl]]`` entry: what ``user`` (a name, or ``"*"`` for anyone) may or may not
+    do. The first entry whose user and pattern match an attach decides it."""
+
+    user: str
+    send: tuple[str, ...] = ()
+    receive: tuple[str, ...] = ()
+    allow: bool = True
+
+
+def _acl(value: Any, key: str) -> tuple[AclEntry, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(key, value, "must be [[acl]] tables")
+    entries = []
+    for number, table in enumerate(value, 1):
+        where = f"{key}[{number}]"
+        if not isinstance(table, dict):
+            raise ConfigError(where, table, "must be a table with user, send, receive")
+        unknown = set(table) - {"user", "send", "receive", "action"}
+        if unknown:
+            name = sorted(unknown)[0]
+            raise ConfigError(f"{where}.{name}", table[name], "unknown key; known: user, send, receive, action")
+        if "user" not in table:
+            raise ConfigError(f"{where}.user", None, 'is required: a user name or "*"')
+        user = _string(table["user"], f"{where}.user")
+        patterns: dict[str, tuple[str, ...]] = {}
+        for direction in ("send", "receive"):
+            listed = _string_list(table.get(direction, []), f"{where}.{direction}")
+            for pattern in listed:
+                _check_pattern(pattern, f"{where}.{direction}")
+            patterns[direction] = tuple(listed)
+        action = _one_of("allow", "deny")(table.get("action", "allow"), f"{where}.action")
+        entries.append(AclEntry(user, patterns["send"], patterns["receive"], action == "allow"))
+    return tuple(entries)
 
 
 # --- Destination policies ----------------------------------------------------------------
@@ -270,7 +344,7 @@ def _specificity(pattern: str) -> tuple[int, int, int]:
 class RouterConfig:
     """Router-wide settings, destination policies and plugin settings."""
 
-    listen: str = "127.0.0.1:5673"
+    listen: str = "127.0.0.1:5673"  # comma-joined listeners; amqps:// ones speak TLS
     broker: str | None = None  # comma-separated broker URLs, tried in order
     broker_dialect: str = "auto"  # how the broker names queues (qpid_flow.dialect): auto, rabbitmq, plain
     admin: str | None = None
@@ -292,6 +366,28 @@ class RouterConfig:
     log_level: str = "info"
     log_format: str = "auto"
     disable_plugins: list[str] = field(default_factory=list)
+    # Security (docs/security.md): TLS on the listener and to the broker, who may connect,
+    # what each user may do, and how much one client may take.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_require_client_cert: bool = False
+    broker_tls_ca: str | None = None
+    broker_tls_cert: str | None = None
+    broker_tls_key: str | None = None
+    broker_tls_verify_hostname: bool = True
+    broker_user: str | None = None
+    broker_password: str | None = None
+    users_file: str | None = None
+    allow_anonymous: bool | None = None  # None: only while no users_file is configured
+    acl: tuple[AclEntry, ...] = ()
+    max_connections: int = 0  # 0: no limit
+    max_connections_per_user: int = 0
+    max_sessions_per_connection: int = 0
+    max_links_per_connection: int = 0
+    idle_timeout: float = 60.0
+    sasl_timeout: float = 10.0
+    admin_token: str | None = None
     destinations: dict[str, DestinationPolicy] = field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -300,11 +396,40 @@ class RouterConfig:
         return self.broker is None
 
     @property
+    def listeners(self) -> list[tuple[str, str, int]]:
+        """Each listener as (scheme, host, port); scheme is ``amqp`` or ``amqps``."""
+        found = []
+        for entry in self.listen.split(","):
+            scheme, sep, rest = entry.partition("://")
+            if not sep:
+                scheme, rest = "amqp", entry
+            host, port = rest.rsplit(":", 1)
+            found.append((scheme, host.strip("[]"), int(port)))
+        return found
+
+    @property
+    def anonymous_allowed(self) -> bool:
+        """ANONYMOUS is offered: by default only while no users file is configured."""
+        return self.allow_anonymous if self.allow_anonymous is not None else self.users_file is None
+
+    @property
     def broker_addresses(self) -> list[BrokerAddress]:
         """The brokers to connect to, in failover order; none when standalone."""
         from qpid_flow.brokers import parse_broker_list  # not at the top: brokers imports this module
 
-        return [] if self.broker is None else parse_broker_list(self.broker)
+        if self.broker is None:
+            return []
+        addresses = parse_broker_list(self.broker)
+        if self.broker_user is None:
+            return addresses
+        # broker_user / broker_password (file or environment) stand in for credentials an
+        # entry does not carry itself: they keep the password off the command line.
+        return [
+            address
+            if address.user is not None
+            else replace(address, user=self.broker_user, password=self.broker_password)
+            for address in addresses
+        ]
 
     def plugin_settings(self, name: str) -> dict[str, Any]:
         """The ``[plugins.NAME]`` table, empty when absent."""
@@ -344,7 +469,7 @@ def resolve_policy(
 
 
 _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
-    "listen": _host_port,
+    "listen": _listen_list,
     "broker": _broker_url,
     "broker_dialect": _one_of("auto", "rabbitmq", "plain"),
     "admin": _host_port,
@@ -366,6 +491,36 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "log_level": _one_of("debug", "info", "warning", "error"),
     "log_format": _one_of("auto", "json", "console"),
     "disable_plugins": _string_list,
+    "tls_cert": _existing_file,
+    "tls_key": _existing_file,
+    "tls_ca": _existing_file,
+    "tls_require_client_cert": _boolean,
+    "broker_tls_ca": _existing_file,
+    "broker_tls_cert": _existing_file,
+    "broker_tls_key": _existing_file,
+    "broker_tls_verify_hostname": _boolean,
+    "broker_user": _string,
+    "broker_password": _string,
+    "users_file": _existing_file,
+    "allow_anonymous": _boolean,
+    "acl": _acl,
+    "max_connections": _non_negative_int,
+    "max_connections_per_user": _non_negative_int,
+    "max_sessions_per_connection": _non_negative_int,
+    "max_links_per_connection": _non_negative_int,
+    "idle_timeout": parse_duration,
+    "sasl_timeout": parse_duration,
+    "admin_token": _string,
+}
+
+# Settings that may come from the environment, so that no secret has to be on a command
+# line (where ``ps`` shows it to every user of the machine). The command line wins over
+# the environment, the environment over the file.
+ENVIRONMENT_KEYS = {
+    "QPID_FLOW_ADMIN_TOKEN": "admin_token",
+    "QPID_FLOW_BROKER": "broker",
+    "QPID_FLOW_BROKER_USER": "broker_user",
+    "QPID_FLOW_BROKER_PASSWORD": "broker_password",
 }
 
 
@@ -400,11 +555,59 @@ def build_config(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = 
         )
     for pattern in destinations:
         config.check_flow_limits(config.policy_for(pattern), f'destinations."{pattern}"')
+    _check_security(config)
     return config
 
 
-def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> RouterConfig:
-    """Read ``path`` (TOML; None for none) and apply command-line ``overrides``."""
+def _check_security(config: RouterConfig) -> None:
+    """Rules between security keys, each refusal naming the key that has to change."""
+    tls_listeners = [entry for entry in config.listen.split(",") if entry.startswith("amqps://")]
+    if tls_listeners and (config.tls_cert is None or config.tls_key is None):
+        missing = "tls_cert" if config.tls_cert is None else "tls_key"
+        raise ConfigError(missing, None, f"is required by the TLS listener {tls_listeners[0]}")
+    if (config.tls_cert is None) != (config.tls_key is None):
+        missing = "tls_cert" if config.tls_cert is None else "tls_key"
+        raise ConfigError(missing, None, "tls_cert and tls_key go together")
+    if config.tls_require_client_cert and config.tls_ca is None:
+        raise ConfigError("tls_require_client_cert", True, "needs tls_ca, the CA that signs client certificates")
+    if (config.broker_tls_cert is None) != (config.broker_tls_key is None):
+        missing = "broker_tls_cert" if config.broker_tls_cert is None else "broker_tls_key"
+        raise ConfigError(missing, None, "broker_tls_cert and broker_tls_key go together")
+    if config.broker is not None and config.users_file is not None:
+        raise ConfigError(
+            "users_file",
+            config.users_file,
+            "applies standalone only; in front of a broker clients sign in at the broker",
+        )
+    if config.broker is None and not config.anonymous_allowed and config.users_file is None and config.tls_ca is None:
+        raise ConfigError(
+            "allow_anonymous", False, "leaves no way to sign in: set users_file, or tls_ca for client certificates"
+        )
+    if config.admin is not None and config.admin_token is None and not _loopback(config.admin.rsplit(":", 1)[0]):
+        raise ConfigError(
+            "admin", config.admin, "an admin endpoint beyond loopback needs admin_token (or QPID_FLOW_ADMIN_TOKEN)"
+        )
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> RouterConfig:
+    """Read ``path`` (TOML; None for none), then the environment (:data:`ENVIRONMENT_KEYS`),
+    then command-line ``overrides``."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -414,4 +617,11 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = N
             raise ConfigError("--config", str(path), "file not found") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("--config", str(path), f"not valid TOML: {exc}") from exc
-    return build_config(data, overrides)
+    merged: dict[str, Any] = {}
+    for variable, key in ENVIRONMENT_KEYS.items():
+        if environ and environ.get(variable):
+            merged[key] = environ[variable]
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            merged[key] = value
+    return build_config(data, merged)

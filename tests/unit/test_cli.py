@@ -235,7 +235,7 @@ def test_serve_admin_overrides_the_config_key(
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def fake_load_config(path: Any, overrides: dict[str, Any]) -> Any:
+    def fake_load_config(path: Any, overrides: dict[str, Any], environ: Any = None) -> Any:
         seen.update(overrides)
         raise ConfigError("test", 0, "stop here")
 
