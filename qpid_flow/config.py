@@ -132,15 +132,6 @@ def _broker_url(value: Any, key: str) -> str:
     from qpid_flow.brokers import parse_broker_list  # not at the top: brokers imports this module
 
     addresses = parse_broker_list(value, key)
-    for number, address in enumerate(addresses, 1):
-        if address.scheme == "amqps":
-            # The gate relays each client's SASL exchange on a plain socket of its own:
-            # a TLS broker would get it in clear, and refuse it.
-            raise ConfigError(
-                key,
-                address.redacted,
-                f"entry {number}: TLS to the broker (amqps://) is not supported yet; use amqp://",
-            )
     return ",".join(address.url for address in addresses)
 
 

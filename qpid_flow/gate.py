@@ -1,82 +1,120 @@
-"""In front of a broker: accept a client, authenticate it at the broker, then hand both
-sockets to Proton.
+"""The listener: accept a client, do TLS and SASL with it, then hand its socket to Proton.
 
-Each client gets an upstream connection of its own, opened with the client's own
-credentials, so the broker authenticates and authorizes it exactly as if it had connected
-directly. Proton's SASL server cannot do that (it never hands a PLAIN password to the
-application, and it crashes on a sasl-init without a mechanism), so the SASL exchange runs
-here, on the raw sockets, before any byte reaches a Proton transport:
+Proton's SASL server cannot be used: it never hands a PLAIN password to the application,
+and it crashes (SIGSEGV) on a sasl-init without a mechanism. So every listener of
+qpid-flow runs the handshake itself, on the raw socket, before any byte reaches a Proton
+transport, with an explicit mechanism list (:class:`~qpid_flow.sasl.ServerHandshake`):
 
-1. the client's SASL header gets PLAIN and ANONYMOUS offered (:class:`~qpid_flow.sasl.ServerHandshake`);
-2. its sasl-init is replayed to the broker on a new socket, trying each broker address in
-   order (:class:`~qpid_flow.sasl.ClientHandshake`);
-3. the broker's sasl-outcome goes back to the client unchanged; on success both sockets get
-   Proton transports with SASL off (the next bytes on each are the AMQP header), and the pair
-   goes to the router, which mirrors the client's open onto the upstream connection.
+- on an ``amqps://`` listener, TLS first (:class:`~qpid_flow.tls.TlsChannel`);
+- standalone, qpid-flow signs the client in itself (:class:`SignIn`: PLAIN against the
+  users file, EXTERNAL from a verified client certificate, ANONYMOUS where allowed);
+- in front of a broker, the client's sasl-init is replayed to the broker on a new socket,
+  trying each broker address in order (:class:`~qpid_flow.sasl.ClientHandshake`, TLS first
+  for ``amqps://`` brokers), and the broker's sasl-outcome goes back unchanged: the broker
+  authenticates the client exactly as if it had connected directly.
 
-A client that skips SASL gets an upstream connection that skips it too. A handshake that
-does not finish within ``deadline`` seconds is dropped.
+On success the sockets get Proton transports with SASL off (the next bytes are the AMQP
+header) and the connection (or, in front of a broker, the pair) goes to the router with the
+client's identity. A client that skips SASL is let in only where ANONYMOUS would be (in
+front of a broker: the upstream connection skips it too). A handshake that does not finish
+within ``deadline`` seconds is dropped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import socket
+import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from proton import Transport, Url
 from proton._io import IO
-from proton.handlers import IOHandler
 
-from qpid_flow.sasl import OUTCOME_SYS_TEMP, ClientHandshake, ServerHandshake
+from qpid_flow.access import ANONYMOUS_USER
+from qpid_flow.auth import claimed_user
+from qpid_flow.sasl import OUTCOME_AUTH, OUTCOME_OK, OUTCOME_SYS_TEMP, SASL_HEADER, ClientHandshake, ServerHandshake
+from qpid_flow.streams import Stream, bind_transport, new_selectable
+from qpid_flow.tls import TlsChannel
 
 if TYPE_CHECKING:
     from proton import Connection
-    from proton._selectable import Selectable
     from proton.reactor import Container
 
     from qpid_flow.brokers import BrokerAddress
+    from qpid_flow.sasl import SaslInit
 
-__all__ = ["BrokerGate", "PairOpened"]
+__all__ = ["BROKER_MECHANISMS", "ClientOpened", "Gate", "PairOpened", "SignIn"]
 
 log = structlog.get_logger("qpid_flow.gate")
 
-# What the router gets for each authenticated client: its connection, the upstream one,
-# the broker address that answered, and the client's (host, port).
-PairOpened = Callable[["Connection", "Connection", "BrokerAddress", tuple[str, int]], None]
+# Standalone: the router gets each signed-in client's connection, identity and (host, port).
+ClientOpened = Callable[["Connection", str, tuple[str, int]], None]
+# In front of a broker: the client's connection, the upstream one, the broker address that
+# answered, the client's (host, port) and identity.
+PairOpened = Callable[["Connection", "Connection", "BrokerAddress", tuple[str, int], str], None]
 
-MECHANISMS = ("PLAIN", "ANONYMOUS")
+BROKER_MECHANISMS = ("PLAIN", "ANONYMOUS")  # what can be replayed to a broker unchanged
 _BACKLOG = 1024  # Proton's listener uses 10: a burst of connecting clients would be refused
 
 
-class BrokerGate:
-    """The listener of broker mode: one per ``--listen`` address."""
+class SignIn(Protocol):
+    """Standalone authentication (:class:`qpid_flow.auth.Authenticator`)."""
+
+    def mechanisms(self, certificate_name: str | None) -> tuple[str, ...]:
+        """What to offer a client, given the name in its verified certificate (if any)."""
+        ...
+
+    def skipping_sasl(self, certificate_name: str | None) -> str | None:
+        """The identity of a client that skips SASL, or None to refuse it."""
+        ...
+
+    def sign_in(self, init: SaslInit, certificate_name: str | None, done: Callable[[str | None], None]) -> None:
+        """Check a sasl-init; call ``done`` with the identity or None (later, maybe from a
+        thread's result handed back to the reactor)."""
+        ...
+
+
+class Gate:
+    """One listening address: standalone (``sign_in`` and ``on_client``) or in front of a
+    broker list (``brokers`` and ``on_pair``)."""
 
     def __init__(
         self,
         container: Container,
         host: str,
         port: int,
-        brokers: list[BrokerAddress],
-        on_pair: PairOpened,
         handler: Any,
+        *,
+        tls: ssl.SSLContext | None = None,
+        sign_in: SignIn | None = None,
+        on_client: ClientOpened | None = None,
+        brokers: list[BrokerAddress] | None = None,
+        broker_tls: ssl.SSLContext | None = None,
+        on_pair: PairOpened | None = None,
         deadline: float = 10.0,
+        idle_timeout: float | None = None,
     ) -> None:
+        if (sign_in is None) == (not brokers):
+            raise ValueError("a gate signs clients in itself or relays them to brokers, not both")
         self._container = container
-        self._brokers = brokers
+        self._handler = handler  # the Proton handler of every connection
+        self._tls = tls
+        self._sign_in = sign_in
+        self._on_client = on_client
+        self._brokers = brokers or []
+        self._broker_tls = broker_tls
         self._on_pair = on_pair
-        self._handler = handler  # the Proton handler of both connections of every pair
         self._deadline = deadline
+        self._idle_timeout = idle_timeout
         sock = IO.listen(host, port)
         sock.listen(_BACKLOG)
         self.port = sock.getsockname()[1]
-        self._listener = container.selectable(handler=self, delegate=sock)
+        self.scheme = "amqps" if tls is not None else "amqp"
+        self._listener = new_selectable(container, self, sock)
         self._listener.reading = True
-        self._listener._transport = None
-        container.update(self._listener)
+        self._listener.update()
         self.handshakes: set[_Handshake] = set()
         self._probes: dict[BrokerAddress, list[Callable[[bool], None]]] = {}
 
@@ -110,106 +148,178 @@ class BrokerGate:
             return  # the client went away before we took it
         self.handshakes.add(_Handshake(self, sock, peer))
 
-    # --- for _Handshake -----------------------------------------------------------------
-
-    def _hand_over(self, handshake: _Handshake, upstream: socket.socket, broker: BrokerAddress) -> None:
-        self.handshakes.discard(handshake)
-        container = self._container
-        client = _bind(container, self._handler, handshake.client, Transport.SERVER, handshake.server.leftover())
-        client.url = Url(host=handshake.peer[0], port=handshake.peer[1])
-        assert handshake.upstream_sasl is not None
-        upstream_connection = _bind(
-            container, self._handler, upstream, Transport.CLIENT, handshake.upstream_sasl.leftover()
-        )
-        upstream_connection.url = Url(host=broker.host, port=broker.port)
-        self._on_pair(client, upstream_connection, broker, handshake.peer)
-
 
 class _Handshake:
-    """One client's SASL exchange with qpid-flow and, through it, with the broker."""
+    """One client's TLS and SASL exchange with qpid-flow and, through it, with the broker."""
 
-    def __init__(self, gate: BrokerGate, sock: socket.socket, peer: Any) -> None:
+    def __init__(self, gate: Gate, sock: socket.socket, peer: Any) -> None:
         self.gate = gate
-        self.client = sock
         self.peer = (str(peer[0]), int(peer[1]))
-        self.server = ServerHandshake(MECHANISMS)
+        container = gate._container
+        tls = TlsChannel(gate._tls, server_side=True) if gate._tls is not None else None
+        self.client = Stream(container, self, sock, tls)
+        self.client.watch(reading=True)
+        self.server: ServerHandshake | None = None
+        self.certificate_name: str | None = None
+        self.user = ANONYMOUS_USER
+        self.upstream: Stream | None = None
         self.upstream_sasl: ClientHandshake | None = None
-        self._upstream: socket.socket | None = None
-        self._upstream_selectable: Selectable | None = None
+        self._connected = False
         self._broker_index = -1
         self._closing = False
-        self._client_out = b""
-        self._upstream_out = b""
-        container = gate._container
-        self._client_selectable = _selectable(container, self, sock, reading=True)
+        self._finished = False
         # A timer rather than a selectable deadline: Proton's I/O handler would update the
         # (absent) transport of an expired selectable.
         self._timer = container.schedule(gate._deadline, self)
-        self._finished = False
+        if tls is None:
+            self._start_sasl()
 
     # --- events of either socket --------------------------------------------------------
 
     def on_selectable_readable(self, event: Any) -> None:
-        if event.selectable is self._client_selectable:
+        if event.selectable is self.client.selectable:
             self._client_readable()
         else:
             self._upstream_readable()
 
     def on_selectable_writable(self, event: Any) -> None:
-        if event.selectable is self._client_selectable:
-            self._flush_client()
-        elif self.upstream_sasl is None:
+        if event.selectable is self.client.selectable:
+            if self.client.flush() and self._closing:
+                self._close_all()
+        elif not self._connected:
             self._upstream_connected()
-        else:
-            self._flush_upstream()
+        elif self.upstream is not None:
+            self.upstream.flush()
 
     def on_timer_task(self, _event: Any) -> None:
         if not self._finished:
-            log.info("handshake_timeout", remote=_peer_text(self.peer))
+            log.info("handshake_timeout", remote=self._remote, deadline=self.gate._deadline)
             self._close_all()
+
+    @property
+    def _remote(self) -> str:
+        return f"{self.peer[0]}:{self.peer[1]}"
 
     # --- the client -----------------------------------------------------------------------
 
+    def _start_sasl(self) -> None:
+        """TLS (if any) is up: offer mechanisms, now that a client certificate is known."""
+        tls = self.client.tls
+        if tls is not None:
+            self.certificate_name = tls.peer_name()
+        if self.gate._sign_in is None:
+            mechanisms: tuple[str, ...] = BROKER_MECHANISMS
+        else:
+            mechanisms = self.gate._sign_in.mechanisms(self.certificate_name)
+        if not mechanisms:
+            log.info("handshake_refused", remote=self._remote, reason="no mechanism this client could use")
+            self._close_all()
+            return
+        self.server = ServerHandshake(mechanisms)
+
     def _client_readable(self) -> None:
-        data = _recv(self.client)
+        data = self.client.receive()
+        if self.server is None and not self._finished and self.client.tls is not None:
+            if self.client.tls.handshake_done:
+                self._start_sasl()
+            elif self.client.tls_error is not None:
+                log.info("tls_refused", remote=self._remote, reason=self.client.tls_error)
+                self._close_after_flush()
+                return
         if data is None:
             return
         if not data:
             self._close_all()  # the client gave up
             return
         server = self.server
-        if self.upstream_sasl is not None or self._upstream is not None:
-            server.receive(data)  # pipelined bytes: kept for Proton
+        if server is None:
             return
+        busy = server.init is not None or server.no_sasl or server.error is not None
         server.receive(data)
-        self._send_client(server.data_to_send())
+        if busy:
+            return  # pipelined bytes (kept for Proton), or after a refusal
+        self.client.send(server.data_to_send())
         if server.error is not None:
-            log.info("handshake_refused", remote=_peer_text(self.peer), reason=server.error)
+            log.info("handshake_refused", remote=self._remote, reason=server.error)
             self._close_after_flush()
-        elif server.init is not None or server.no_sasl:
+        elif server.no_sasl:
+            self._without_sasl()
+        elif server.init is not None:
+            self._signing_in(server.init)
+
+    def _without_sasl(self) -> None:
+        sign_in = self.gate._sign_in
+        if sign_in is None:
+            self._connect_next()  # the upstream connection skips SASL too
+            return
+        user = sign_in.skipping_sasl(self.certificate_name)
+        if user is None:
+            # AMQP's answer to a protocol layer it will not speak: the header it wants, then close.
+            log.info("handshake_refused", remote=self._remote, reason="the client skipped SASL")
+            self.client.send(SASL_HEADER)
+            self._close_after_flush()
+            return
+        self.user = user
+        self._hand_over_client()
+
+    def _signing_in(self, init: SaslInit) -> None:
+        sign_in = self.gate._sign_in
+        if sign_in is None:
+            self.user = claimed_user(init)
             self._connect_next()
+            return
+        self.client.watch(reading=False)  # nothing more is read until the outcome is out
+        sign_in.sign_in(init, self.certificate_name, self._signed_in)
 
-    def _send_client(self, data: bytes) -> None:
-        if data:
-            self._client_out += data
-            self._flush_client()
+    def _signed_in(self, user: str | None) -> None:
+        if self._finished or self.server is None:
+            return  # timed out or gone meanwhile
+        if user is None:
+            log.info("authentication_failed", remote=self._remote, mechanism=self.server.mechanisms)
+            self.server.send_outcome(OUTCOME_AUTH)
+            self.client.send(self.server.data_to_send())
+            self._close_after_flush()
+            return
+        self.user = user
+        self.server.send_outcome(OUTCOME_OK)
+        self.client.send(self.server.data_to_send())
+        self._hand_over_client()
 
-    def _flush_client(self) -> None:
-        self._client_out = _send(self.client, self._client_out)
-        self._client_selectable.writing = bool(self._client_out)
-        self._client_selectable.update()
-        if self._closing and not self._client_out:
+    def _hand_over_client(self) -> None:
+        if not self._take_over(self.client):
+            return
+        assert self.server is not None and self.gate._on_client is not None
+        connection = bind_transport(
+            self.gate._container,
+            self.gate._handler,
+            self.client,
+            Transport.SERVER,
+            self.server.leftover(),
+            Url(host=self.peer[0], port=self.peer[1]),
+            self.gate._idle_timeout,
+        )
+        self.gate._on_client(connection, self.user, self.peer)
+
+    def _take_over(self, *streams: Stream) -> bool:
+        """The handshake is over: its bytes out, its timer off; False if a socket failed."""
+        if not all(stream.send_now() for stream in streams):
             self._close_all()
+            return False
+        self._finished = True
+        self._timer.cancel()
+        self.gate.handshakes.discard(self)
+        return True
 
     def _close_after_flush(self) -> None:
         self._closing = True
-        self._client_selectable.reading = False
-        self._flush_client()
+        self.client.watch(reading=False)
+        if self.client.flush():
+            self._close_all()
 
     # --- the broker -----------------------------------------------------------------------
 
     def _connect_next(self) -> None:
-        """Try the next broker address; tell the client to come back later when none is left."""
+        """Try the next broker address; drop the client when none is left."""
         self._drop_upstream()
         brokers = self.gate._brokers
         self._broker_index += 1
@@ -217,128 +327,128 @@ class _Handshake:
             broker = brokers[self._broker_index]
             try:
                 address = socket.getaddrinfo(broker.host, broker.port, socket.AF_UNSPEC, socket.SOCK_STREAM)[0]
-                self._upstream = IO.connect(address)
+                sock = IO.connect(address)
             except OSError as exc:
                 log.warning("broker_unreachable", broker=broker.redacted, error=str(exc))
                 self._broker_index += 1
                 continue
-            self._upstream_selectable = _selectable(self.gate._container, self, self._upstream, writing=True)
+            tls = None
+            if broker.scheme == "amqps":
+                assert self.gate._broker_tls is not None
+                tls = TlsChannel(self.gate._broker_tls, server_side=False, server_hostname=broker.host)
+            self.upstream = Stream(self.gate._container, self, sock, tls)
+            self.upstream.watch(reading=False, writing=True)  # writable: connected
             return
         # No outcome: a SASL failure reads as "authentication failed" to clients, and some
         # (qpid-jms) do not retry that; a dropped connection is what they retry, as they
         # would a broker that refuses connections.
-        log.warning("broker_unavailable", remote=_peer_text(self.peer), brokers=len(brokers))
+        log.warning("broker_unavailable", remote=self._remote, brokers=len(brokers))
         self._close_all()
 
+    @property
+    def _broker(self) -> BrokerAddress:
+        return self.gate._brokers[self._broker_index]
+
     def _upstream_connected(self) -> None:
-        assert self._upstream is not None
-        failure = self._upstream.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        assert self.upstream is not None and self.server is not None
+        failure = self.upstream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if failure:
-            broker = self.gate._brokers[self._broker_index]
-            log.warning("broker_unreachable", broker=broker.redacted, error=errno.errorcode.get(failure, failure))
+            log.warning("broker_unreachable", broker=self._broker.redacted, error=errno.errorcode.get(failure, failure))
             self._connect_next()
             return
+        self._connected = True
         self.upstream_sasl = ClientHandshake(None if self.server.no_sasl else self.server.init)
-        if self.upstream_sasl.done:
+        if self.upstream_sasl.done and self.upstream.tls is None:
             self._finish()
             return
-        assert self._upstream_selectable is not None
-        self._upstream_selectable.reading = True
-        self._upstream_out = self.upstream_sasl.data_to_send()
-        self._flush_upstream()
-
-    def _flush_upstream(self) -> None:
-        assert self._upstream is not None and self._upstream_selectable is not None
-        self._upstream_out = _send(self._upstream, self._upstream_out)
-        self._upstream_selectable.writing = bool(self._upstream_out)
-        self._upstream_selectable.update()
+        self.upstream.watch(reading=True)
+        self.upstream.send(self.upstream_sasl.data_to_send())
+        self.upstream.flush()
 
     def _upstream_readable(self) -> None:
-        assert self._upstream is not None and self.upstream_sasl is not None
-        data = _recv(self._upstream)
+        upstream, sasl = self.upstream, self.upstream_sasl
+        assert upstream is not None and sasl is not None
+        data = upstream.receive()
+        if upstream.tls is not None and upstream.tls_error is not None:
+            log.warning("broker_tls_failed", broker=self._broker.redacted, reason=upstream.tls_error)
+            self._connect_next()
+            return
+        if sasl.done and upstream.tls is not None and upstream.tls.handshake_done:
+            self._finish()  # no SASL: TLS up is all the broker connection needed
+            return
         if data is None:
             return
-        sasl = self.upstream_sasl
         if not data:
-            log.warning("broker_closed_handshake", broker=self.gate._brokers[self._broker_index].redacted)
+            log.warning("broker_closed_handshake", broker=self._broker.redacted)
             self._connect_next()
             return
         sasl.receive(data)
-        self._upstream_out += sasl.data_to_send()
-        self._flush_upstream()
+        upstream.send(sasl.data_to_send())
         if sasl.error is not None:
-            log.warning("broker_handshake_failed", remote=_peer_text(self.peer), reason=sasl.error)
+            log.warning("broker_handshake_failed", remote=self._remote, reason=sasl.error)
+            assert self.server is not None
             self.server.send_outcome(OUTCOME_SYS_TEMP)
-            self._send_client(self.server.data_to_send())
+            self.client.send(self.server.data_to_send())
             self._close_after_flush()
         elif sasl.done:
             self._finish()
 
     def _finish(self) -> None:
         """The broker answered: pass its outcome on; on success, hand both sockets over."""
-        sasl = self.upstream_sasl
-        assert sasl is not None and self._upstream is not None
-        if not self.server.no_sasl:
+        sasl, server, upstream = self.upstream_sasl, self.server, self.upstream
+        assert sasl is not None and server is not None and upstream is not None
+        if not server.no_sasl:
             outcome = sasl.outcome if sasl.outcome is not None else OUTCOME_SYS_TEMP
-            self.server.send_outcome(outcome, sasl.additional_data)
-            self._send_client(self.server.data_to_send())
-            if outcome != 0:
-                log.info("authentication_failed", remote=_peer_text(self.peer), outcome=outcome)
+            server.send_outcome(outcome, sasl.additional_data)
+            self.client.send(server.data_to_send())
+            if outcome != OUTCOME_OK:
+                log.info("authentication_failed", remote=self._remote, outcome=outcome, user=self.user)
                 self._close_after_flush()
                 return
-        if self._client_out:
-            # The outcome must be on the wire before Proton writes after it: a few bytes
-            # into an empty socket buffer, so waiting for them is short.
-            self.client.setblocking(True)
-            try:
-                self.client.sendall(self._client_out)
-            except OSError:
-                self._close_all()
-                return
-            finally:
-                with contextlib.suppress(OSError):
-                    self.client.setblocking(False)
-            self._client_out = b""
-        upstream = self._upstream
-        self._finished = True
-        self._timer.cancel()
-        self._release(self._client_selectable)
-        if self._upstream_selectable is not None:
-            self._release(self._upstream_selectable)
-        self._upstream = None
-        self.gate._hand_over(self, upstream, self.gate._brokers[self._broker_index])
+        if not self._take_over(self.client, upstream):
+            return
+        gate, broker = self.gate, self._broker
+        self.upstream = None
+        client = bind_transport(
+            gate._container,
+            gate._handler,
+            self.client,
+            Transport.SERVER,
+            server.leftover(),
+            Url(host=self.peer[0], port=self.peer[1]),
+        )
+        upstream_connection = bind_transport(
+            gate._container,
+            gate._handler,
+            upstream,
+            Transport.CLIENT,
+            sasl.leftover(),
+            Url(host=broker.host, port=broker.port),
+        )
+        assert gate._on_pair is not None
+        gate._on_pair(client, upstream_connection, broker, self.peer, self.user)
 
     # --- ending ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _release(selectable: Selectable) -> None:
-        """Stop watching a socket without closing it (Proton's selectable takes it over)."""
-        selectable.release()
-        selectable.terminate()
-        selectable.update()
-
     def _drop_upstream(self) -> None:
-        if self._upstream_selectable is not None:
-            self._upstream_selectable.terminate()
-            self._upstream_selectable.update()  # closes the socket
-        self._upstream_selectable = None
-        self._upstream = None
+        if self.upstream is not None:
+            self.upstream.close()
+        self.upstream = None
         self.upstream_sasl = None
+        self._connected = False
 
     def _close_all(self) -> None:
         self._finished = True
         self._timer.cancel()
         self.gate.handshakes.discard(self)
         self._drop_upstream()
-        if not self._client_selectable.is_terminal:
-            self._client_selectable.terminate()
-            self._client_selectable.update()
+        self.client.close()
 
 
 class _Probe:
     """One TCP connect to a broker, to learn whether it is there; closed at once."""
 
-    def __init__(self, gate: BrokerGate, broker: BrokerAddress, timeout: float) -> None:
+    def __init__(self, gate: Gate, broker: BrokerAddress, timeout: float) -> None:
         self._gate = gate
         self._broker = broker
         self._done = False
@@ -351,7 +461,9 @@ class _Probe:
             self._selectable = None
             self._finish(False)
             return
-        self._selectable = _selectable(container, self, sock, writing=True)
+        self._selectable = new_selectable(container, self, sock)
+        self._selectable.writing = True
+        self._selectable.update()
 
     def on_selectable_writable(self, _event: Any) -> None:
         assert self._selectable is not None
@@ -369,60 +481,3 @@ class _Probe:
             self._selectable.terminate()
             self._selectable.update()  # closes the socket
         self._gate._probed(self._broker, reachable)
-
-
-# --- sockets and Proton's selectables ------------------------------------------------------
-
-
-def _selectable(
-    container: Container, handler: Any, sock: socket.socket, reading: bool = False, writing: bool = False
-) -> Any:
-    selectable = container.selectable(handler=handler, delegate=sock)
-    selectable.reading = reading
-    selectable.writing = writing
-    selectable._transport = None
-    container.update(selectable)
-    return selectable
-
-
-def _recv(sock: socket.socket) -> bytes | None:
-    """What the socket has (b"" at its end); None when nothing is there after all."""
-    try:
-        return sock.recv(4096)
-    except BlockingIOError:
-        return None
-    except OSError:
-        return b""
-
-
-def _send(sock: socket.socket, data: bytes) -> bytes:
-    """Write what the socket takes now; return the rest."""
-    if not data:
-        return data
-    try:
-        sent = sock.send(data)
-    except BlockingIOError:
-        return data
-    except OSError:
-        return b""  # the peer is gone: its reading side will say so
-    return data[sent:]
-
-
-def _bind(container: Container, handler: Any, sock: socket.socket, mode: int, leftover: bytes) -> Connection:
-    """A Proton connection over ``sock``, SASL done, as Proton's own acceptor builds one."""
-    connection = container.connection(handler)
-    # Proton's I/O handler leaves a connection with an acceptor alone (it has its socket).
-    connection._acceptor = True
-    transport = Transport(mode)
-    transport.bind(connection)
-    selectable = container.selectable(delegate=sock)
-    selectable._transport = transport
-    transport._selectable = selectable
-    if leftover:
-        transport.push(leftover)
-    IOHandler.update(transport, selectable, container.now)
-    return connection
-
-
-def _peer_text(peer: tuple[str, int]) -> str:
-    return f"{peer[0]}:{peer[1]}"

@@ -187,10 +187,11 @@ class BrokerRouter(Router):
     # --- pairs and connections --------------------------------------------------------------
 
     def pair_opened(
-        self, client: Connection, upstream: Connection, broker: BrokerAddress, peer: tuple[str, int]
+        self, client: Connection, upstream: Connection, broker: BrokerAddress, peer: tuple[str, int], user: str
     ) -> None:
         """The gate authenticated a client at the broker: mirror its connection from now on."""
         pair = _Pair(client, upstream, broker, peer)
+        client.qf_user = user
         client.qf_pair = pair
         client.qf_id = pair.id
         upstream.qf_pair = pair
@@ -203,6 +204,10 @@ class BrokerRouter(Router):
         if pair is None:
             return
         if conn == pair.client:
+            if not self.admit_connection(conn):
+                self.pairs.discard(pair)
+                _close(pair.upstream, None)
+                return
             # The client's open goes to the broker as the client gave it.
             upstream = pair.upstream
             upstream.container = conn.remote_container
@@ -336,6 +341,8 @@ class BrokerRouter(Router):
         peer: Session | None = kept(session, "qf_peer")
         if peer is None:
             if session.connection == pair.client:
+                if self.refuse_session_over_limit(session):
+                    return
                 peer = pair.upstream.session()
                 peer.incoming_capacity = session.incoming_capacity
                 peer.qf_peer = session
@@ -386,7 +393,9 @@ class BrokerRouter(Router):
         link = event.link
         if kept(link.connection, "qf_upstream"):
             self._broker_answered(link)
-        elif not link.state & Endpoint.LOCAL_UNINIT:
+        elif not link.state & Endpoint.LOCAL_UNINIT or link.session.state & Endpoint.LOCAL_CLOSED:
+            return  # answered already, or on a session qpid-flow refused (its end answers it)
+        elif self.refuse_link_over_limit(link):
             return
         elif link.is_receiver:
             self._attach_producer(link)
@@ -416,6 +425,8 @@ class BrokerRouter(Router):
 
     def _attach_producer(self, link: Link) -> None:
         target = link.remote_target
+        if target.address and self.refuse_unauthorized_link(link, "send", target.address):
+            return
         if target.type == Terminus.COORDINATOR or target.address:
             self._mirror(link)  # transactions: the broker's to answer; policies stay out
             return
@@ -436,6 +447,8 @@ class BrokerRouter(Router):
 
     def _attach_consumer(self, link: Link) -> None:
         source = link.remote_source
+        if source.address and not source.dynamic and self.refuse_unauthorized_link(link, "receive", source.address):
+            return
         destination = None
         if source.address and not source.dynamic:
             node = self._node(source.address)
@@ -613,6 +626,10 @@ class BrokerRouter(Router):
                 delivery.settle_as(PN_RELEASED)
 
     # --- producers ------------------------------------------------------------------------
+
+    def acl_name(self, address: str) -> str:
+        node = self._node(address)
+        return node.name if node.is_queue else address  # /queue/x and x are one queue
 
     def destination_for(self, address: str) -> Destination | None:
         return self.destinations.get(self._node(address).name)

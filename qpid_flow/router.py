@@ -19,6 +19,7 @@ from cproton import pn_link_credit
 from proton import Condition, Endpoint, Handler, Link, SymbolList
 
 from qpid_flow import codec
+from qpid_flow.access import ANONYMOUS_USER, AccessPolicy, ConnectionLimits, Direction
 from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
 from qpid_flow.guard import contain_errors
 from qpid_flow.memory import MemoryMeter
@@ -26,7 +27,7 @@ from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, R
 from qpid_flow.outcomes import apply_settlement, remote_settlement
 
 if TYPE_CHECKING:
-    from proton import Connection, Event
+    from proton import Connection, Event, Session
 
     from qpid_flow.backend import Backend
     from qpid_flow.config import RouterConfig
@@ -39,6 +40,8 @@ __all__ = ["Router"]
 log = structlog.get_logger("qpid_flow.router")
 
 ANONYMOUS_RELAY = "ANONYMOUS-RELAY"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+UNAUTHORIZED = "amqp:unauthorized-access"
 _connection_ids = itertools.count(1)
 
 
@@ -75,15 +78,14 @@ class Router(Handler):
         self._delayed: dict[str, list[tuple[Message, Settlement]]] = {}
         self._tags = itertools.count(1)
         self.connections: set[Connection] = set()
+        self.access = AccessPolicy(config.acl)
+        self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_user)
 
     # --- connections ----------------------------------------------------------------------
 
-    def on_connection_bound(self, event: Event) -> None:
-        # An explicit mechanism list: without one, Proton's SASL server hands a sasl-init
-        # whose mechanism is null to strcmp and the process dies (python-qpid-proton 0.39,
-        # 0.40); with one it answers such a frame with an auth failure.
-        if event.transport is not None and event.connection not in self.connections:
-            event.transport.sasl().allowed_mechs("ANONYMOUS")
+    def client_opened(self, conn: Connection, user: str, _peer: tuple[str, int]) -> None:
+        """The gate signed a client in (SASL done): its AMQP open comes next."""
+        conn.qf_user = user
 
     def on_connection_remote_open(self, event: Event) -> None:
         conn = event.connection
@@ -91,14 +93,67 @@ class Router(Handler):
             conn.qf_id = f"c{next(_connection_ids)}"
             conn.offered_capabilities = SymbolList([ANONYMOUS_RELAY])
             conn.open()
+            if not self.admit_connection(conn):
+                return
             self.connections.add(conn)
             log.info(
-                "connection_opened", connection=conn.qf_id, remote=str(conn.url or ""), container=conn.remote_container
+                "connection_opened",
+                connection=conn.qf_id,
+                remote=str(conn.url or ""),
+                container=conn.remote_container,
+                user=user_of(conn),
             )
 
+    def admit_connection(self, conn: Connection) -> bool:
+        """Count a client connection in; over a limit, close it (after its open) and say no."""
+        user = user_of(conn)
+        refusal = self.limits.admit(user)
+        if refusal is None:
+            conn.qf_admitted = True
+            return True
+        log.warning("connection_refused", remote=str(conn.url or ""), user=user, reason=refusal)
+        if conn.state & Endpoint.LOCAL_UNINIT:
+            conn.open()
+        conn.condition = Condition(RESOURCE_LIMIT, refusal)
+        conn.close()
+        return False
+
     def on_session_remote_open(self, event: Event) -> None:
-        if event.session.state & Endpoint.LOCAL_UNINIT:
-            event.session.open()
+        session = event.session
+        if session.state & Endpoint.LOCAL_UNINIT and not self.refuse_session_over_limit(session):
+            session.open()
+
+    def refuse_session_over_limit(self, session: Session) -> bool:
+        """End a client's session past max_sessions_per_connection; True if it was."""
+        limit = self.config.max_sessions_per_connection
+        if not limit or _admit(session, session.connection.session_head(0), limit):
+            return False
+        description = f"session limit reached (max_sessions_per_connection = {limit})"
+        log.warning("session_refused", connection=kept(session.connection, "qf_id"), reason=description)
+        session.open()
+        session.condition = Condition(RESOURCE_LIMIT, description)
+        session.close()
+        return True
+
+    def refuse_link_over_limit(self, link: Link) -> bool:
+        """Detach a client's link past max_links_per_connection; True if it was."""
+        limit = self.config.max_links_per_connection
+        if not limit or _admit(link, link.connection.link_head(0), limit):
+            return False
+        self._refuse_link(link, RESOURCE_LIMIT, f"link limit reached (max_links_per_connection = {limit})")
+        return True
+
+    def acl_name(self, address: str) -> str:
+        """The name ``[[acl]]`` patterns are matched against for ``address``."""
+        return address
+
+    def refuse_unauthorized_link(self, link: Link, direction: Direction, address: str) -> bool:
+        """Refuse an attach the ACL does not allow; True if it was refused."""
+        user = user_of(link.connection)
+        if self.access.allows(user, direction, self.acl_name(address)):
+            return False
+        self._refuse_link(link, UNAUTHORIZED, _not_allowed(user, direction, address))
+        return True
 
     def on_session_remote_close(self, event: Event) -> None:
         session = event.session
@@ -135,6 +190,9 @@ class Router(Handler):
         if conn not in self.connections:
             return
         self.connections.discard(conn)
+        if kept(conn, "qf_admitted"):
+            conn.qf_admitted = False
+            self.limits.release(user_of(conn))
         link = conn.link_head(0)
         while link is not None:
             self._link_gone(link)
@@ -145,7 +203,9 @@ class Router(Handler):
 
     def on_link_remote_open(self, event: Event) -> None:
         link = event.link
-        if not link.state & Endpoint.LOCAL_UNINIT:
+        if not link.state & Endpoint.LOCAL_UNINIT or link.session.state & Endpoint.LOCAL_CLOSED:
+            return  # answered already, or on a session qpid-flow refused (its end answers it)
+        if self.refuse_link_over_limit(link):
             return
         if link.is_receiver:
             self._attach_producer(link)
@@ -174,6 +234,8 @@ class Router(Handler):
         address = link.remote_target.address or None
         destination = None
         if address is not None:
+            if self.refuse_unauthorized_link(link, "send", address):
+                return
             destination = self.destination_for(address)
             if destination is None:
                 self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
@@ -224,6 +286,8 @@ class Router(Handler):
         address = source.address
         if not address:
             self._refuse_link(link, "amqp:invalid-field", "a consumer link needs a source address")
+            return
+        if self.refuse_unauthorized_link(link, "receive", address):
             return
         destination = self.destination_for(address)
         if destination is None:
@@ -349,6 +413,10 @@ class Router(Handler):
                 self._refuse_transfer(
                     delivery, presettled, "amqp:invalid-field", "an anonymous-relay transfer needs a 'to' address"
                 )
+                return
+            user = user_of(link.connection)
+            if not self.access.allows(user, "send", self.acl_name(address)):
+                self._refuse_transfer(delivery, presettled, UNAUTHORIZED, _not_allowed(user, "send", address))
                 return
         destination = self.destination_for(address)
         if destination is None:
@@ -533,3 +601,28 @@ class Router(Handler):
             if conn.state & Endpoint.LOCAL_ACTIVE:
                 conn.condition = Condition("amqp:connection:forced", description)
                 conn.close()
+
+
+def user_of(conn: Connection) -> str:
+    """The identity the gate signed ``conn`` in with."""
+    return kept(conn, "qf_user") or ANONYMOUS_USER
+
+
+def _not_allowed(user: str, direction: Direction, address: str) -> str:
+    verb = "send to" if direction == "send" else "receive from"
+    return f"user {user!r} may not {verb} {address!r}"
+
+
+def _admit(endpoint: Any, first: Any, limit: int) -> bool:
+    """Count ``endpoint`` in if fewer than ``limit`` of its kind (from ``first`` on) are in
+    and not ended; in arrival order, so a burst of begins or attaches is cut at the limit."""
+    count = 0
+    other = first
+    while other is not None:
+        if kept(other, "qf_admitted") and not other.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED):
+            count += 1
+        other = other.next(0)
+    if count >= limit:
+        return False
+    endpoint.qf_admitted = True
+    return True

@@ -20,11 +20,12 @@ from proton import Handler
 from proton.reactor import Container
 
 from qpid_flow.admin import AdminServer
+from qpid_flow.auth import Authenticator
 from qpid_flow.backend import Backend
 from qpid_flow.bridge import ReactorBridge
 from qpid_flow.config import RouterConfig
 from qpid_flow.control import RouterControl
-from qpid_flow.gate import BrokerGate
+from qpid_flow.gate import Gate
 from qpid_flow.io import RelayContainer
 from qpid_flow.linkroute import BrokerRouter
 from qpid_flow.manager import Hooks, build_plugin_manager
@@ -33,6 +34,7 @@ from qpid_flow.operations import Operations
 from qpid_flow.registry import Destinations
 from qpid_flow.router import Router
 from qpid_flow.standalone import StandaloneBackend
+from qpid_flow.tls import broker_context, listener_context
 from qpid_flow.upstream import GroupReader
 
 __all__ = ["Server"]
@@ -73,10 +75,19 @@ class Server(Handler):
             self.router = BrokerRouter(config, self.hooks, self.destinations, self.group_reader, self.memory)
         self.backend: Backend = self.router.backend
         self.bridge = ReactorBridge()
+        # TLS contexts and the users file are read now: a bad file stops the start.
+        self.listener_tls = listener_context(config)
+        brokers = config.broker_addresses
+        self.broker_tls = broker_context(config) if any(b.scheme == "amqps" for b in brokers) else None
+        self.authenticator: Authenticator | None = None
+        if config.broker is None:
+            self.authenticator = Authenticator(
+                config.users_file, config.anonymous_allowed, _load_users, self.bridge.call_soon
+            )
         self.control = RouterControl(
             self.container, self.router, self.destinations, self.bridge, self.memory, self.hooks
         )
-        self._acceptor: Any = None
+        self.gates: list[Gate] = []
         self.admin: AdminServer | None = None
         if config.admin is not None:
             flow = self.hooks.pm.get_plugin("flow")
@@ -86,21 +97,12 @@ class Server(Handler):
         self._stopping = False
 
     def run(self) -> None:
-        host, port = self.config.listen.rsplit(":", 1)
         self.container.handler = self.router
         self.container.selectable(self.bridge.injector)
+        for scheme, host, port in self.config.listeners:
+            self.gates.append(self._gate(host, port, self.listener_tls if scheme == "amqps" else None))
         if isinstance(self.router, BrokerRouter):
-            self._acceptor = BrokerGate(
-                self.container,
-                host,
-                int(port),
-                self.config.broker_addresses,
-                on_pair=self.router.pair_opened,
-                handler=self.router,
-            )
-            self.router.probe = self._acceptor.probe
-        else:
-            self._acceptor = self.container.listen(f"{host}:{port}")
+            self.router.probe = self.gates[0].probe
         if self.admin is not None:
             self.admin.start()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -124,6 +126,32 @@ class Server(Handler):
         self.container.run()
         log.info("stopped")
 
+    def _gate(self, host: str, port: int, tls: Any) -> Gate:
+        config = self.config
+        if isinstance(self.router, BrokerRouter):
+            return Gate(
+                self.container,
+                host,
+                port,
+                self.router,
+                tls=tls,
+                brokers=config.broker_addresses,
+                broker_tls=self.broker_tls,
+                on_pair=self.router.pair_opened,
+                deadline=config.sasl_timeout,
+            )
+        return Gate(
+            self.container,
+            host,
+            port,
+            self.router,
+            tls=tls,
+            sign_in=self.authenticator,
+            on_client=self.router.client_opened,
+            deadline=config.sasl_timeout,
+            idle_timeout=config.idle_timeout,
+        )
+
     def _admin_address(self) -> str | None:
         if self.admin is None or self.config.admin is None:
             return None
@@ -140,8 +168,10 @@ class Server(Handler):
         log.info("shutdown_started")
         self.hooks.stopping()
         self.router.accepting = False
-        if self._acceptor is not None:
-            self._acceptor.close()
+        for gate in self.gates:
+            gate.close()
+        if self.authenticator is not None:
+            self.authenticator.close()
         self._deadline = time.monotonic() + self.config.shutdown_timeout
         self.container.schedule(0, self)
 
@@ -160,6 +190,12 @@ class Server(Handler):
         self.bridge.close()
         # Let the close frames go out, then end the loop even if a peer never answers.
         self.container.schedule(1.0, _Stop(self.container))
+
+
+def _load_users(path: str) -> Any:
+    from qpid_flow.users import UsersFile  # read only when a users file is configured
+
+    return UsersFile.load(path)
 
 
 class _Stop(Handler):

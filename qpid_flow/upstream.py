@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 from cproton import PN_RELEASED, pn_link_credit
-from proton import Condition, Endpoint, Handler, Link
+from proton import Condition, Endpoint, Handler, Link, SSLDomain
 
 from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, take_transfer
 from qpid_flow.guard import contain_errors
@@ -69,6 +69,7 @@ class GroupReader(Handler):
     ) -> None:
         super().__init__()
         self._brokers = config.broker_addresses
+        self._ssl_domain = _ssl_domain(config) if any(b.scheme == "amqps" for b in self._brokers) else None
         assert self._brokers, "GroupReader needs a broker"
         self._broker_index = 0  # which broker of the list: tried in order, from the first
         self._container = container
@@ -96,7 +97,13 @@ class GroupReader(Handler):
         log.info("upstream_connecting", broker=broker.redacted, attempt_delay=self._delay)
         # The URL's path is the virtual host, sent as RabbitMQ expects it: "vhost:NAME".
         virtual_host = f"vhost:{broker.vhost}" if broker.vhost else None
-        self._connection = self._container.connect(broker.url, handler=self, reconnect=False, virtual_host=virtual_host)
+        self._connection = self._container.connect(
+            broker.url,
+            handler=self,
+            reconnect=False,
+            virtual_host=virtual_host,
+            ssl_domain=self._ssl_domain if broker.scheme == "amqps" else None,
+        )
 
     def on_connection_remote_open(self, event: Event) -> None:
         if event.connection != self._connection:
@@ -286,3 +293,16 @@ class GroupReader(Handler):
             self._give_back_fetched(receiver.destination)
         if self._connection is not None and self._connection.state & Endpoint.LOCAL_ACTIVE:
             self._connection.close()
+
+
+def _ssl_domain(config: RouterConfig) -> SSLDomain:
+    """TLS for qpid-flow's own broker connection, with the settings clients' pairs use."""
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    if config.broker_tls_ca is not None:
+        domain.set_trusted_ca_db(config.broker_tls_ca)
+    domain.set_peer_authentication(
+        SSLDomain.VERIFY_PEER_NAME if config.broker_tls_verify_hostname else SSLDomain.VERIFY_PEER
+    )
+    if config.broker_tls_cert is not None and config.broker_tls_key is not None:
+        domain.set_credentials(config.broker_tls_cert, config.broker_tls_key, None)
+    return domain

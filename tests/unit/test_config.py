@@ -43,7 +43,7 @@ def test_durations(text: object, expected: float) -> None:
         ({"listne": "x"}, "listne", "unknown key"),
         ({"listen": "localhost"}, "listen", "HOST:PORT"),
         ({"broker": "http://x"}, "broker", "URL"),
-        ({"broker": "amqp://a:5672,amqps://u:secret@b"}, "broker", "entry 2: TLS to the broker"),
+        ({"broker": "amqp://a:5672,ftp://u:secret@b"}, "broker", "entry 2"),
         ({"broker_dialect": "artemis"}, "broker_dialect", "one of"),
         ({"producer_window": 0}, "producer_window", "positive integer"),
         ({"producer_window": "10"}, "producer_window", "positive integer"),
@@ -114,3 +114,60 @@ def test_unset_destination_values_fall_back_to_router_defaults() -> None:
     config = build_config({"default_max_size": "1 MB", "destinations": {"q": {"max_count": 5}}})
     policy = config.policy_for("q")
     assert (policy.max_count, policy.max_size) == (5, 1024**2)
+
+
+# --- security keys ---------------------------------------------------------------------------
+
+
+def test_several_listeners_plain_and_tls(tmp_path: Path) -> None:
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("x")
+    config = build_config(
+        {"listen": ["127.0.0.1:5672", "amqps://0.0.0.0:5671"], "tls_cert": str(cert), "tls_key": str(key)}
+    )
+    assert config.listeners == [("amqp", "127.0.0.1", 5672), ("amqps", "0.0.0.0", 5671)]
+    assert build_config({"listen": "amqp://[::1]:5672"}).listeners == [("amqp", "::1", 5672)]
+    with pytest.raises(ConfigError, match="entry 2: scheme must be amqp:// or amqps://"):
+        build_config({"listen": "127.0.0.1:1,http://h:2"})
+    with pytest.raises(ConfigError, match="the same address twice"):
+        build_config({"listen": ["127.0.0.1:1", "amqp://127.0.0.1:1"]})
+
+
+def test_secrets_from_the_environment_below_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "q.toml"
+    path.write_text('admin_token = "from-file"\n')
+    environ = {
+        "QPID_FLOW_ADMIN_TOKEN": "from-env",
+        "QPID_FLOW_BROKER": "amqp://broker.example:5672",
+        "QPID_FLOW_BROKER_USER": "svc",
+        "QPID_FLOW_BROKER_PASSWORD": "p@ss,word",
+    }
+    config = load_config(path, {}, environ)
+    assert config.admin_token == "from-env"
+    assert [(b.user, b.password, b.host) for b in config.broker_addresses] == [("svc", "p@ss,word", "broker.example")]
+    assert "p@ss" not in config.broker  # the URL itself carries no password
+    assert load_config(path, {"broker": "amqp://other:5672"}, environ).broker == "amqp://other:5672"
+    # An entry with its own credentials keeps them.
+    own = load_config(None, {"broker": "amqp://me:mine@b:5672"}, environ)
+    assert [(b.user, b.password) for b in own.broker_addresses] == [("me", "mine")]
+
+
+def test_security_rules_between_keys(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.write_text("")
+    with pytest.raises(ConfigError, match=r"^users_file = .*applies standalone only"):
+        build_config({"users_file": str(users), "broker": "amqp://b:5672"})
+    with pytest.raises(ConfigError, match=r"^allow_anonymous = False: leaves no way to sign in"):
+        build_config({"allow_anonymous": False})
+    assert not build_config({"allow_anonymous": False, "users_file": str(users)}).anonymous_allowed
+    assert not build_config({"users_file": str(users)}).anonymous_allowed
+    assert build_config({"users_file": str(users), "allow_anonymous": True}).anonymous_allowed
+    with pytest.raises(ConfigError, match=r"^admin = '0.0.0.0:8673': .*needs admin_token"):
+        build_config({"admin": "0.0.0.0:8673"})
+    assert build_config({"admin": "0.0.0.0:8673", "admin_token": "t"}).admin_token == "t"
+    assert build_config({"admin": "localhost:8673"}).admin_token is None
+    with pytest.raises(ConfigError, match=r"^max_links_per_connection = -1"):
+        build_config({"max_links_per_connection": -1})
+    with pytest.raises(ConfigError, match=r"^idle_timeout = 'soon'"):
+        build_config({"idle_timeout": "soon"})

@@ -112,7 +112,7 @@ class Rig:
             upstream=End(server=False, collector=self.collector),
             broker=End(server=True),
         )
-        self.router.pair_opened(pair.facing.connection, pair.upstream.connection, BROKER, ("127.0.0.1", 1))
+        self.router.pair_opened(pair.facing.connection, pair.upstream.connection, BROKER, ("127.0.0.1", 1), "anonymous")
         self.pairs.append(pair)
         return pair
 

@@ -78,6 +78,7 @@ class RabbitMQBroker(Broker):
         management: bool = False,
         start_timeout: float = 90.0,
         workdir: str | Path | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
         if not os.path.exists(f"{RABBIT_BIN}/rabbitmq-server"):
             raise BrokerError(f"RabbitMQ is not installed ({RABBIT_BIN}/rabbitmq-server missing); {INSTALL_HINT}")
@@ -85,9 +86,12 @@ class RabbitMQBroker(Broker):
         self.start_timeout = start_timeout
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="qpid-flow-rabbitmq-"))
-        ports = free_ports(4 if management else 3)
+        ports = free_ports(5 if management else 4)
         self.port, self.epmd_port, self.dist_port = ports[:3]
-        self.management_port: int | None = ports[3] if management else None
+        self.management_port: int | None = ports[4] if management else None
+        # (CA, certificate, key): a TLS listener on tls_port beside the plain one.
+        self.tls = tls
+        self.tls_port = ports[3]
         self.nodename = f"qpidflow{self.port}@localhost"
         self._server: subprocess.Popen[bytes] | None = None
         self._epmd: subprocess.Popen[bytes] | None = None
@@ -131,6 +135,16 @@ class RabbitMQBroker(Broker):
             "log.console = false",
             "log.file.level = info",
         ]
+        if self.tls is not None:
+            ca, cert, key = self.tls
+            conf += [
+                f"listeners.ssl.default = 127.0.0.1:{self.tls_port}",
+                f"ssl_options.cacertfile = {ca}",
+                f"ssl_options.certfile = {cert}",
+                f"ssl_options.keyfile = {key}",
+                "ssl_options.verify = verify_none",
+                "ssl_options.fail_if_no_peer_cert = false",
+            ]
         plugins = ["rabbitmq_amqp1_0"]
         if self.management_port:
             conf += ["management.tcp.ip = 127.0.0.1", f"management.tcp.port = {self.management_port}"]

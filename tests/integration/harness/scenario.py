@@ -750,8 +750,9 @@ def rhea_available() -> Path:
     return script
 
 
-def run_rhea(url: str, *args: str, timeout: float = 30) -> dict[str, Any]:
-    """Run the rhea client (`node client.js URL ARGS`) and return its JSON report."""
+def run_rhea(url: str, *args: str, timeout: float = 30, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the rhea client (`node client.js URL ARGS`) and return its JSON report; ``env``
+    adds variables (RHEA_TLS_CA, RHEA_TLS_CERT, RHEA_TLS_KEY for amqps URLs)."""
     script = rhea_available()
     proc = subprocess.run(
         ["node", str(script), url, *args],
@@ -759,7 +760,7 @@ def run_rhea(url: str, *args: str, timeout: float = 30) -> dict[str, Any]:
         text=True,
         timeout=timeout,
         check=False,
-        env={**os.environ, "NODE_PATH": str(RHEA_DIR / "node_modules")},
+        env={**os.environ, "NODE_PATH": str(RHEA_DIR / "node_modules"), **(env or {})},
     )
     try:
         report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])

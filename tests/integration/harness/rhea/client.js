@@ -5,7 +5,9 @@
 //   node client.js URL send ADDRESS COUNT [TIMEOUT_MS]     send "rhea-0".."rhea-(COUNT-1)" at-least-once
 //   node client.js URL receive ADDRESS COUNT [TIMEOUT_MS]  grant COUNT credit, accept COUNT messages
 //
-// URL is amqp://[user:password@]host:port (SASL PLAIN when a user is given, else ANONYMOUS).
+// URL is amqp[s]://[user:password@]host:port (SASL PLAIN when a user is given, else ANONYMOUS).
+// amqps: TLS, trusting the CA in $RHEA_TLS_CA (PEM file); $RHEA_TLS_CERT / $RHEA_TLS_KEY give a
+// client certificate, and with one and no user, SASL EXTERNAL is used.
 // Never reconnects. Prints one JSON line on stdout and exits 0 (the report says what happened):
 //   {"op", "address", "sent", "outcomes": {"accepted": n, ...}, "received": [bodies],
 //    "errors": [[level, condition]], "timed_out": bool}
@@ -52,6 +54,17 @@ const options = { host: u.hostname, port: parseInt(u.port || '5672', 10), reconn
 if (u.username) {
     options.username = decodeURIComponent(u.username);
     options.password = decodeURIComponent(u.password);
+}
+if (u.protocol === 'amqps:') {
+    const fs = require('fs');
+    options.transport = 'tls';
+    options.servername = u.hostname;
+    if (process.env.RHEA_TLS_CA) options.ca = [fs.readFileSync(process.env.RHEA_TLS_CA)];
+    if (process.env.RHEA_TLS_CERT) {
+        options.cert = fs.readFileSync(process.env.RHEA_TLS_CERT);
+        options.key = fs.readFileSync(process.env.RHEA_TLS_KEY);
+        if (!u.username) options.enable_sasl_external = true;
+    }
 }
 const connection = container.connect(options);
 const timer = setTimeout(() => {

@@ -1,0 +1,474 @@
+"""Security with real clients (Proton and rhea) against the real qpid-flow process:
+TLS, PLAIN against a users file, EXTERNAL from a client certificate, anonymous only where
+allowed, per-user ACLs on attach and on anonymous-relay transfers, connection / session /
+link limits, idle and SASL deadlines, in both modes (docs/security.md).
+
+Each refusal is checked for its AMQP condition, and a bystander connected before the
+trouble keeps round-tripping messages: one client's refusal stays its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Connection, ConnectionException, Delivery, Endpoint, Message, SSLDomain, Transport
+from proton.utils import BlockingConnection, LinkDetached, SendException
+
+from qpid_flow.users import UsersFile
+
+from .harness.broker import Broker, BrokerError
+from .harness.certs import Certificates, foreign_client, make_certificates
+from .harness.net import free_port
+from .harness.rabbitmq import RabbitMQBroker
+from .harness.router import RouterProcess, StartRouter
+from .harness.scenario import run_rhea
+
+UNAUTHORIZED = "amqp:unauthorized-access"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    users = UsersFile()
+    users.add("alice", "alice-secret")
+    users.add("bob", "bob-secret")
+    path = tmp_path_factory.mktemp("users") / "users"
+    users.save(path)
+    return path
+
+
+@dataclass
+class Secured:
+    """A qpid-flow with a plain and a TLS listener."""
+
+    process: RouterProcess
+    plain: int
+    tls: int
+
+    def url(self, user: str | None = None, password: str | None = None, tls: bool = False) -> str:
+        credentials = f"{user}:{password}@" if user is not None else ""
+        if tls:
+            return f"amqps://{credentials}localhost:{self.tls}"
+        return f"amqp://{credentials}127.0.0.1:{self.plain}"
+
+
+def start_secured(
+    start: StartRouter,
+    certificates: Certificates,
+    settings: str = "",
+    broker_url: str | None = None,
+) -> Secured:
+    plain, tls = free_port(), free_port()
+    config = f"""
+listen = ["127.0.0.1:{plain}", "amqps://127.0.0.1:{tls}"]
+tls_cert = "{certificates.server.cert}"
+tls_key = "{certificates.server.key}"
+tls_ca = "{certificates.ca}"
+{settings}
+"""
+    process = start(
+        broker_url=broker_url, config_text=config, extra_args=["--listen", f"127.0.0.1:{plain},amqps://127.0.0.1:{tls}"]
+    )
+    return Secured(process, plain, tls)
+
+
+def client_domain(certificates: Certificates, client: Any = None) -> SSLDomain:
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(certificates.ca))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    if client is not None:
+        domain.set_credentials(str(client.cert), str(client.key), None)
+    return domain
+
+
+def connect(url: str, **options: Any) -> BlockingConnection:
+    return BlockingConnection(url, timeout=10, **options)
+
+
+def round_trip(connection: BlockingConnection, address: str) -> str:
+    body = f"hello {address} {time.monotonic()}"
+    sender = connection.create_sender(address, name=f"{address}-out-{body}")
+    sender.send(Message(body=body))
+    receiver = connection.create_receiver(address, name=f"{address}-in-{body}")
+    message = receiver.receive(timeout=10)
+    receiver.accept()
+    # Links stay attached: RabbitMQ answers a close with a detach that is not one, which a
+    # BlockingConnection would wait for until its timeout (directly as through qpid-flow).
+    assert message.body == body
+    return str(message.body)
+
+
+def refusal_of(exc: BaseException) -> str:
+    """The AMQP condition name in a Proton BlockingConnection error."""
+    text = str(exc)
+    for name in (UNAUTHORIZED, RESOURCE_LIMIT, "amqp:connection:forced", "amqp:not-found"):
+        if name in text:
+            return name
+    return text
+
+
+@pytest.fixture
+def bystander_factory() -> Iterator[list[BlockingConnection]]:
+    opened: list[BlockingConnection] = []
+    yield opened
+    for connection in opened:
+        with contextlib.suppress(Exception):
+            connection.close()
+
+
+# --- TLS and sign-in ---------------------------------------------------------------------------
+
+
+def test_tls_round_trip_with_plain_and_external(
+    qpid_flow_process: StartRouter, certificates: Certificates, users_file: Path
+) -> None:
+    router = start_secured(qpid_flow_process, certificates, f'users_file = "{users_file}"')
+    # PLAIN inside TLS, Proton.
+    with_password = connect(
+        router.url("alice", "alice-secret", tls=True), ssl_domain=client_domain(certificates), allowed_mechs="PLAIN"
+    )
+    round_trip(with_password, "tls.plain")
+    with_password.close()
+    # EXTERNAL: the certificate's common name is the identity.
+    carol = certificates.client("carol")
+    with_certificate = connect(
+        router.url(tls=True), ssl_domain=client_domain(certificates, carol), allowed_mechs="EXTERNAL"
+    )
+    round_trip(with_certificate, "tls.external")
+    with_certificate.close()
+    log = router.process.log_text()
+    assert '"user": "alice"' in log and '"user": "carol"' in log
+    # rhea, a second library: PLAIN over TLS, then EXTERNAL with a client certificate.
+    sent = run_rhea(router.url("bob", "bob-secret", tls=True), "send", "tls.rhea", "3", env=_rhea_tls(certificates))
+    assert sent["outcomes"] == {"accepted": 3}, sent
+    received = run_rhea(router.url(tls=True), "receive", "tls.rhea", "3", env=_rhea_tls(certificates, carol))
+    assert received["received"] == ["rhea-0", "rhea-1", "rhea-2"], received
+
+
+def _rhea_tls(certificates: Certificates, client: Any = None) -> dict[str, str]:
+    env = {"RHEA_TLS_CA": str(certificates.ca)}
+    if client is not None:
+        env |= {"RHEA_TLS_CERT": str(client.cert), "RHEA_TLS_KEY": str(client.key)}
+    return env
+
+
+def test_plain_right_wrong_and_anonymous_refused_once_users_exist(
+    qpid_flow_process: StartRouter, certificates: Certificates, users_file: Path, bystander_factory: list[Any]
+) -> None:
+    router = start_secured(qpid_flow_process, certificates, f'users_file = "{users_file}"')
+    bystander = connect(router.url("bob", "bob-secret"), allowed_mechs="PLAIN")
+    bystander_factory.append(bystander)
+    alice = connect(router.url("alice", "alice-secret"), allowed_mechs="PLAIN")
+    round_trip(alice, "plain.right")
+    alice.close()
+    with pytest.raises(ConnectionException) as wrong:
+        connect(router.url("alice", "not-her-password"), allowed_mechs="PLAIN")
+    assert refusal_of(wrong.value) == UNAUTHORIZED
+    with pytest.raises(ConnectionException) as unknown:
+        connect(router.url("mallory", "alice-secret"), allowed_mechs="PLAIN")
+    assert refusal_of(unknown.value) == UNAUTHORIZED
+    with pytest.raises(ConnectionException) as anonymous:
+        connect(router.url(), allowed_mechs="ANONYMOUS")
+    assert refusal_of(anonymous.value) == UNAUTHORIZED
+    # A client that skips SASL altogether is refused too (AMQP answers with the SASL header).
+    with socket.create_connection(("127.0.0.1", router.plain), timeout=5) as raw:
+        raw.sendall(b"AMQP\x00\x01\x00\x00")
+        assert _read_until_closed(raw).startswith(b"AMQP\x03\x01\x00\x00")
+    rhea_wrong = run_rhea(router.url("alice", "wrong"), "send", "plain.rhea", "1")
+    assert rhea_wrong["sent"] == 0 and rhea_wrong["errors"], rhea_wrong
+    rhea_right = run_rhea(router.url("alice", "alice-secret"), "send", "plain.rhea", "1")
+    assert rhea_right["outcomes"] == {"accepted": 1}, rhea_right
+    round_trip(bystander, "plain.bystander")
+
+
+def test_anonymous_allowed_beside_users_when_configured(
+    qpid_flow_process: StartRouter, certificates: Certificates, users_file: Path
+) -> None:
+    router = start_secured(qpid_flow_process, certificates, f'users_file = "{users_file}"\nallow_anonymous = true')
+    anonymous = connect(router.url(), allowed_mechs="ANONYMOUS")
+    round_trip(anonymous, "anonymous.allowed")
+    anonymous.close()
+
+
+def test_client_certificates_required_and_verified(qpid_flow_process: StartRouter, certificates: Certificates) -> None:
+    router = start_secured(qpid_flow_process, certificates, "tls_require_client_cert = true\nallow_anonymous = false")
+    dave = certificates.client("dave")
+    trusted = connect(router.url(tls=True), ssl_domain=client_domain(certificates, dave), allowed_mechs="EXTERNAL")
+    round_trip(trusted, "cert.required")
+    trusted.close()
+    with pytest.raises(ConnectionException):
+        connect(router.url(tls=True), ssl_domain=client_domain(certificates), allowed_mechs="EXTERNAL")
+    stranger = foreign_client(certificates.folder, "eve")
+    with pytest.raises(ConnectionException):
+        connect(router.url(tls=True), ssl_domain=client_domain(certificates, stranger), allowed_mechs="EXTERNAL")
+    # Without a certificate nothing is left to sign in with on the plain listener either.
+    with pytest.raises(ConnectionException):
+        connect(router.url(), allowed_mechs="ANONYMOUS")
+    assert router.process.returncode is None
+
+
+# --- authorization -------------------------------------------------------------------------------
+
+ACL = """
+[[acl]]
+user = "alice"
+send = ["a.>"]
+receive = ["a.>"]
+
+[[acl]]
+user = "alice"
+action = "deny"
+send = ["b.>"]
+
+[[acl]]
+user = "*"
+send = ["public.>"]
+receive = ["public.>"]
+"""
+
+
+def _check_acl(router_url: str, prefix: str, bystander: BlockingConnection) -> None:
+    """alice may use a.> both ways, not b.>; anyone may use public.>; what no entry allows is denied."""
+    alice = connect(router_url)
+    round_trip(alice, f"a.{prefix}")
+    round_trip(alice, f"public.{prefix}")
+    for attach in (alice.create_sender, alice.create_receiver):
+        with pytest.raises(LinkDetached) as refused:
+            attach(f"b.{prefix}")
+        assert refusal_of(refused.value) == UNAUTHORIZED
+        assert f"b.{prefix}" in str(refused.value)
+    with pytest.raises(LinkDetached) as unlisted:
+        alice.create_receiver(f"c.{prefix}")
+    assert refusal_of(unlisted.value) == UNAUTHORIZED
+    # Anonymous relay: checked per transfer's `to`.
+    relay = alice.create_sender(None)
+    relay.send(Message(address=f"a.{prefix}", body="relayed"))
+    with pytest.raises(SendException) as rejected:
+        relay.send(Message(address=f"b.{prefix}", body="not allowed"))
+    assert rejected.value.state == Delivery.REJECTED
+    relay.close()
+    receiver = alice.create_receiver(f"a.{prefix}", name="relayed")
+    assert receiver.receive(timeout=10).body == "relayed"
+    receiver.accept()
+    alice.close()
+    round_trip(bystander, f"public.{prefix}.bystander")
+
+
+def test_acl_standalone(
+    qpid_flow_process: StartRouter, certificates: Certificates, users_file: Path, bystander_factory: list[Any]
+) -> None:
+    router = start_secured(qpid_flow_process, certificates, f'users_file = "{users_file}"\n{ACL}')
+    bystander = connect(router.url("bob", "bob-secret"))
+    bystander_factory.append(bystander)
+    _check_acl(router.url("alice", "alice-secret"), "standalone", bystander)
+    with pytest.raises(LinkDetached) as bob_refused:
+        bystander.create_sender("a.standalone")
+    assert refusal_of(bob_refused.value) == UNAUTHORIZED
+    round_trip(bystander, "public.still-fine")
+
+
+def test_acl_in_front_of_rabbitmq(
+    qpid_flow_process: StartRouter, certificates: Certificates, rabbitmq: Broker, bystander_factory: list[Any]
+) -> None:
+    """In front of a broker the identity is the one the broker authenticated (PLAIN passed
+    through); qpid-flow's ACL applies to it on top of the broker's own permissions."""
+    user, password = rabbitmq.user, rabbitmq.password
+    acl = ACL.replace('user = "alice"', f'user = "{user}"')
+    router = start_secured(qpid_flow_process, certificates, acl, broker_url=rabbitmq.url)
+    bystander = connect(router.url(user, password))
+    bystander_factory.append(bystander)
+    _check_acl(router.url(user, password), "broker", bystander)
+    with pytest.raises(ConnectionException) as wrong:
+        connect(router.url(user, "wrong-password"))
+    assert refusal_of(wrong.value) == UNAUTHORIZED
+    # TLS on the listener in front of the broker too.
+    tls = connect(router.url(user, password, tls=True), ssl_domain=client_domain(certificates))
+    round_trip(tls, "public.broker.tls")
+    tls.close()
+
+
+# --- limits --------------------------------------------------------------------------------------
+
+
+def test_connection_limits_total_and_per_user(
+    qpid_flow_process: StartRouter, certificates: Certificates, users_file: Path
+) -> None:
+    router = start_secured(
+        qpid_flow_process,
+        certificates,
+        f'users_file = "{users_file}"\nmax_connections = 3\nmax_connections_per_user = 2',
+    )
+    alice = [connect(router.url("alice", "alice-secret")) for _ in range(2)]
+    with pytest.raises(ConnectionException) as per_user:
+        connect(router.url("alice", "alice-secret"))
+    assert refusal_of(per_user.value) == RESOURCE_LIMIT
+    assert "max_connections_per_user" in str(per_user.value)
+    bob = connect(router.url("bob", "bob-secret"))
+    with pytest.raises(ConnectionException) as total:
+        connect(router.url("bob", "bob-secret"))
+    assert refusal_of(total.value) == RESOURCE_LIMIT
+    assert "max_connections" in str(total.value)
+    round_trip(alice[0], "limits.connections")  # those let in are unaffected
+    alice[1].close()
+    again = connect(router.url("alice", "alice-secret"))  # a freed place can be taken again
+    round_trip(again, "limits.connections.again")
+    for connection in (alice[0], bob, again):
+        connection.close()
+    assert '"event": "connection_refused"' in router.process.log_text()
+
+
+def test_session_and_link_limits(qpid_flow_process: StartRouter, certificates: Certificates) -> None:
+    router = start_secured(
+        qpid_flow_process, certificates, "max_sessions_per_connection = 2\nmax_links_per_connection = 3"
+    )
+    connection = connect(router.url())
+    links = [connection.create_receiver(f"limits.link.{n}") for n in range(3)]
+    with pytest.raises(LinkDetached) as over:
+        connection.create_receiver("limits.link.3")
+    assert refusal_of(over.value) == RESOURCE_LIMIT
+    links[0].close()
+    connection.create_receiver("limits.link.4")  # a detached link frees its place
+    connection.close()
+    # Sessions: Proton's BlockingConnection opens one per link; a raw engine checks the end.
+    assert _session_refusal(router.plain, sessions=3) == [None, None, RESOURCE_LIMIT]
+
+
+class RawClient:
+    """A Proton engine pumped by hand over a socket: the test decides when it talks, and
+    can fall silent (no heartbeats) to play a dead peer."""
+
+    def __init__(self, port: int) -> None:
+        self.transport = Transport()
+        self.connection = Connection()
+        self.transport.bind(self.connection)
+        self.transport.sasl().allowed_mechs("ANONYMOUS")
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.settimeout(0.1)
+
+    def pump(self, until: Callable[[], Any], timeout: float = 10) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not until():
+            pending = self.transport.pending()
+            if pending > 0:
+                self.sock.sendall(self.transport.peek(pending))
+                self.transport.pop(pending)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            if not data:
+                self.transport.close_tail()
+                break
+            self.transport.push(data)
+        return bool(until())
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _session_refusal(port: int, sessions: int) -> list[str | None]:
+    client = RawClient(port)
+    client.connection.open()
+    opened = []
+    for _ in range(sessions):
+        session = client.connection.session()
+        session.open()
+        opened.append(session)
+
+    def answered() -> bool:
+        return all(s.state & (Endpoint.REMOTE_ACTIVE | Endpoint.REMOTE_CLOSED) for s in opened)
+
+    client.pump(answered)
+    client.close()
+    return [s.remote_condition.name if s.remote_condition else None for s in opened]
+
+
+def _read_until_closed(sock: socket.socket, timeout: float = 10) -> bytes:
+    sock.settimeout(timeout)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_sasl_deadline_and_idle_timeout_drop_silent_peers(
+    qpid_flow_process: StartRouter, certificates: Certificates
+) -> None:
+    router = start_secured(qpid_flow_process, certificates, 'sasl_timeout = "1s"\nidle_timeout = "1s"')
+    # Connected, never speaks: dropped at the SASL deadline.
+    with socket.create_connection(("127.0.0.1", router.plain), timeout=10) as silent:
+        started = time.monotonic()
+        assert _read_until_closed(silent) == b""
+        assert time.monotonic() - started < 8
+    # Signed in and opened, then silent: dropped by the advertised idle timeout.
+    idle = RawClient(router.plain)
+    idle.connection.open()
+    assert idle.pump(lambda: idle.connection.state & Endpoint.REMOTE_ACTIVE)
+    # Proton advertises half its timeout, so that the peer's keep-alives arrive in time.
+    assert idle.transport.remote_idle_timeout == 0.5
+    started = time.monotonic()
+    answer = _read_until_closed(idle.sock)  # from now on the client says nothing at all
+    assert time.monotonic() - started < 8
+    idle.close()
+    assert b"amqp:resource-limit-exceeded" in answer  # Proton's local-idle-timeout close
+    # A client that keeps talking is not affected. (A BlockingConnection sends keep-alives only
+    # while the test is inside one of its calls: it could not wait beside the silent ones.)
+    live = connect(router.url())
+    round_trip(live, "deadline.live")
+    live.close()
+    assert router.process.returncode is None
+
+
+# --- TLS to the broker ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_rabbitmq(certificates: Certificates) -> Iterator[RabbitMQBroker]:
+    """A private RabbitMQ with a TLS listener (certificate for localhost, signed by the test CA)."""
+    broker = RabbitMQBroker(tls=(certificates.ca, certificates.server.cert, certificates.server.key))
+    try:
+        broker.start()
+    except BrokerError as exc:
+        pytest.fail(f"RabbitMQ with TLS did not start: {exc}", pytrace=False)
+    yield broker
+    broker.stop()
+
+
+def test_tls_to_the_broker(
+    qpid_flow_process: StartRouter, certificates: Certificates, tls_rabbitmq: RabbitMQBroker
+) -> None:
+    broker = f"amqps://{tls_rabbitmq.user}:{tls_rabbitmq.password}@localhost:{tls_rabbitmq.tls_port}"
+    trusted = qpid_flow_process(
+        broker_url=broker,
+        config_text=f'broker_tls_ca = "{certificates.ca}"\n[destinations."grouped.tls"]\nshared_groups = true\n',
+    )
+    client = connect(f"amqp://{tls_rabbitmq.user}:{tls_rabbitmq.password}@127.0.0.1:{trusted.port}")
+    round_trip(client, "tls.upstream")
+    round_trip(client, "grouped.tls")  # read by qpid-flow's own (TLS) broker connection
+    client.close()
+    assert '"event": "upstream_connected"' in trusted.log_text()
+    # A broker whose certificate does not verify: no client gets through, and the log says why.
+    untrusted = qpid_flow_process(broker_url=broker)  # the system's CAs do not know the test CA
+    with pytest.raises(ConnectionException):
+        connect(f"amqp://{tls_rabbitmq.user}:{tls_rabbitmq.password}@127.0.0.1:{untrusted.port}")
+    assert '"event": "broker_tls_failed"' in untrusted.log_text()
+    assert untrusted.returncode is None

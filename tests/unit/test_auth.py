@@ -1,0 +1,139 @@
+"""Standalone sign-in rules, alone (qpid_flow.auth): mechanisms offered, PLAIN on a worker
+thread with its answer handed back, EXTERNAL, ANONYMOUS, the users file read again on change."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from qpid_flow.auth import Authenticator, claimed_user, parse_plain
+from qpid_flow.config import ConfigError
+from qpid_flow.sasl import SaslInit
+
+
+class Users:
+    """A users file stand-in: 'name:password' lines, counting verifications and threads."""
+
+    def __init__(self, path: str) -> None:
+        text = Path(path).read_text()
+        if "broken" in text:
+            raise ConfigError("users_file", path, "line 1: not NAME:HASH")
+        self.passwords = dict(line.split(":", 1) for line in text.split())
+        self.checks = 0
+        self.threads: set[str] = set()
+
+    def verify(self, name: str, password: str) -> bool:
+        self.checks += 1
+        self.threads.add(threading.current_thread().name)
+        return self.passwords.get(name) == password
+
+
+class Reactor:
+    """call_soon as the bridge does it: callbacks queued from any thread, run here."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.calls.put(callback)
+
+    def run_one(self) -> None:
+        self.calls.get(timeout=10)()
+
+
+@pytest.fixture
+def users_path(tmp_path: Path) -> Path:
+    path = tmp_path / "users"
+    path.write_text("alice:wonderland\nbob:builder\n")
+    return path
+
+
+def sign_in(auth: Authenticator, reactor: Reactor, init: SaslInit, certificate: str | None = None) -> str | None:
+    answers: list[str | None] = []
+    auth.sign_in(init, certificate, answers.append)
+    if not answers:
+        reactor.run_one()  # the worker's answer, handed back
+    assert len(answers) == 1
+    return answers[0]
+
+
+def plain(name: str, password: str, authzid: str = "") -> SaslInit:
+    return SaslInit("PLAIN", f"{authzid}\0{name}\0{password}".encode(), None)
+
+
+def test_mechanisms_offered() -> None:
+    reactor = Reactor()
+    assert Authenticator(None, True, Users, reactor.call_soon).mechanisms(None) == ("ANONYMOUS",)
+    assert Authenticator(None, True, Users, reactor.call_soon).mechanisms("carol") == ("EXTERNAL", "ANONYMOUS")
+
+
+def test_plain_checked_on_a_worker_thread_and_remembered(users_path: Path) -> None:
+    reactor = Reactor()
+    loaded: list[Users] = []
+
+    def load(path: str) -> Users:
+        loaded.append(Users(path))
+        return loaded[-1]
+
+    auth = Authenticator(str(users_path), False, load, reactor.call_soon)
+    assert auth.mechanisms(None) == ("PLAIN",)
+    assert sign_in(auth, reactor, plain("alice", "wonderland")) == "alice"
+    assert loaded[0].threads and threading.current_thread().name not in loaded[0].threads
+    assert sign_in(auth, reactor, plain("alice", "wonderland")) == "alice"
+    assert loaded[0].checks == 1  # the second time costs no hash
+    assert sign_in(auth, reactor, plain("alice", "wrong")) is None
+    assert sign_in(auth, reactor, plain("mallory", "wonderland")) is None
+    assert sign_in(auth, reactor, plain("alice", "wonderland", authzid="bob")) is None
+    assert sign_in(auth, reactor, SaslInit("PLAIN", b"no separators", None)) is None
+    assert sign_in(auth, reactor, SaslInit("ANONYMOUS", None, None)) is None  # not allowed here
+    assert auth.skipping_sasl(None) is None
+    auth.close()
+
+
+def test_users_file_read_again_when_it_changes(users_path: Path) -> None:
+    reactor = Reactor()
+    auth = Authenticator(str(users_path), False, Users, reactor.call_soon)
+    assert sign_in(auth, reactor, plain("bob", "builder")) == "bob"
+    users_path.write_text("carol:new\n")
+    os.utime(users_path, ns=(1, 1))  # a different modification time, whatever the clock
+    assert sign_in(auth, reactor, plain("carol", "new")) == "carol"
+    assert sign_in(auth, reactor, plain("bob", "builder")) is None  # removed: forgotten too
+    users_path.write_text("broken")
+    os.utime(users_path, ns=(2, 2))
+    assert sign_in(auth, reactor, plain("carol", "new")) == "carol"  # kept the last good file
+    auth.close()
+
+
+def test_a_bad_users_file_refuses_to_start(tmp_path: Path) -> None:
+    path = tmp_path / "users"
+    path.write_text("broken")
+    with pytest.raises(ConfigError, match="users_file"):
+        Authenticator(str(path), False, Users, Reactor().call_soon)
+
+
+def test_external_and_anonymous() -> None:
+    reactor = Reactor()
+    auth = Authenticator(None, True, Users, reactor.call_soon)
+    assert sign_in(auth, reactor, SaslInit("EXTERNAL", b"", None), "carol") == "carol"
+    assert sign_in(auth, reactor, SaslInit("EXTERNAL", b"carol", None), "carol") == "carol"
+    assert sign_in(auth, reactor, SaslInit("EXTERNAL", b"admin", None), "carol") is None
+    assert sign_in(auth, reactor, SaslInit("EXTERNAL", b"", None), None) is None  # no certificate
+    assert sign_in(auth, reactor, SaslInit("ANONYMOUS", b"me@example", None)) == "anonymous"
+    assert auth.skipping_sasl(None) == "anonymous"
+    assert auth.skipping_sasl("carol") == "carol"
+
+
+def test_plain_parsing_and_the_identity_relayed_to_a_broker() -> None:
+    assert parse_plain(b"\0guest\0guest") == ("", "guest", "guest")
+    assert parse_plain(b"admin\0guest\0pw") == ("admin", "guest", "pw")
+    assert parse_plain(b"\0\0pw") is None
+    assert parse_plain(b"\xff\0a\0b") is None
+    assert parse_plain(None) is None
+    assert claimed_user(plain("guest", "guest")) == "guest"
+    assert claimed_user(SaslInit("ANONYMOUS", None, None)) == "anonymous"
+    assert claimed_user(None) == "anonymous"
