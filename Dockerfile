@@ -35,7 +35,7 @@ USER root
 # The report tests run Spark (a Java runtime) and open the report in headless Chromium.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends rabbitmq-server libqpid-proton11-dev \
-      libqpid-proton11-dev-examples pkg-config gcc libc6-dev openjdk-17-jre-headless chromium \
+      libqpid-proton11-dev-examples pkg-config gcc libc6-dev openjdk-17-jre-headless chromium openssl \
  && rm -rf /var/lib/apt/lists/*
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links /wheels 'qpid-flow[test,analytics]'
