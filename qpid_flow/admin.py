@@ -6,8 +6,18 @@ production ``ReactorBridge.call``), which blocks the HTTP thread until the react
 run it and returns its result or re-raises its exception. Nothing here touches router
 state directly.
 
-There is no authentication: the endpoint binds where it is told, so keep it on loopback
-or a trusted network.
+Security (``docs/configuration.md``, Administration):
+
+- every change (PUT, POST, DELETE, PATCH) needs ``Authorization: Bearer TOKEN`` with the
+  configured ``admin_token``; with no token configured changes are refused (403), a
+  missing or wrong token is 401 with ``WWW-Authenticate: Bearer``;
+- reads (GET, HEAD) need the token too, unless the endpoint is bound to loopback;
+- nothing a web page can send is obeyed: a request whose ``Origin`` is not the endpoint's
+  own, or whose ``Sec-Fetch-Site`` is ``cross-site`` or ``same-site``, is 403; a body
+  must be ``application/json`` (415), so no "simple" cross-site form or ``text/plain``
+  POST gets through; OPTIONS (a CORS preflight) is 405 and no answer carries CORS
+  headers; on loopback, a tokenless request must name a loopback host (``Host``), which
+  defeats DNS rebinding.
 
 Routes (names are URL-path-quoted with ``safe=""``: ``/queue/orders`` is
 ``%2Fqueue%2Forders``)::
@@ -24,6 +34,8 @@ Routes (names are URL-path-quoted with ``safe=""``: ``/queue/orders`` is
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import socket
 import socketserver
@@ -32,7 +44,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol, TypeVar
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import structlog
 
@@ -54,6 +66,15 @@ _IDLE_TIMEOUT = 60.0
 
 # serve_forever checks for stop() this often; stop() waits up to one interval.
 _POLL_INTERVAL = 0.05
+
+# Methods that only read; every other method changes something and always needs the token.
+_READS = frozenset({"GET", "HEAD"})
+
+_WWW_AUTHENTICATE = {"WWW-Authenticate": 'Bearer realm="qpid-flow"'}
+_SET_A_TOKEN = (
+    "set admin_token in qpid-flow's configuration (or QPID_FLOW_ADMIN_TOKEN in its environment) "
+    "and send it as 'Authorization: Bearer TOKEN'"
+)
 
 
 class AdminOperations(Protocol):
@@ -171,6 +192,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        # Answers are about live state (never cache them) and are JSON only (never sniff
+        # them as anything a browser would run). No Access-Control-* header, ever.
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
@@ -198,12 +223,27 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"request body over {_MAX_BODY} bytes"})
         return self.rfile.read(length)
 
+    def _announces_body(self) -> bool:
+        length = self.headers.get("Content-Length")
+        return self.headers.get("Transfer-Encoding") is not None or (length is not None and length.strip() != "0")
+
     def _dispatch(self) -> None:
+        body_read = False
         try:
+            if self.server.admin.stopping:
+                raise _Reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "qpid-flow is shutting down"})
+            self._check_request()
             body = self._read_body()
+            body_read = True
             status, payload = self._route(self.command, self.path, body)
         except _Reply as reply:
-            self._send(reply.status, reply.body, reply.headers)
+            headers = reply.headers
+            if not body_read and self._announces_body():
+                # Refused before its body was read: the rest of the connection cannot be
+                # trusted to start at a request boundary.
+                self.close_connection = True
+                headers = {**headers, "Connection": "close"}
+            self._send(reply.status, reply.body, headers)
         except ConfigError as exc:
             self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc), "key": exc.key})
         except TimeoutError:
@@ -220,12 +260,138 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_PATCH = do_OPTIONS = _dispatch
 
+    # --- who may ask ----------------------------------------------------------------------
+
+    def _check_request(self) -> None:
+        """Refuse what a web page could send, then anything without the token it needs, then
+        a body that is not JSON. Runs before the body is read and before any route."""
+        method = self.command
+        try:
+            if method == "OPTIONS":
+                # A CORS preflight: answered with no Access-Control-* header, so the browser
+                # never sends the real request.
+                raise _Reply(
+                    HTTPStatus.METHOD_NOT_ALLOWED,
+                    {"error": "OPTIONS is not allowed: the admin endpoint takes no cross-origin requests"},
+                    self._allow_header(),
+                )
+            self._check_same_origin()
+            self._check_token(method)
+            if self._announces_body() and self.headers.get_content_type() != "application/json":
+                raise _Reply(
+                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                    {"error": "the request body must be JSON, sent with 'Content-Type: application/json'"},
+                )
+        except _Reply as reply:
+            log.info(
+                "admin_refused",
+                client=self.client_address[0],
+                method=method,
+                path=self.path,
+                status=int(reply.status),
+                reason=str(reply),
+            )
+            raise
+
+    def _check_same_origin(self) -> None:
+        site = (self.headers.get("Sec-Fetch-Site") or "").strip().lower()
+        if site in ("cross-site", "same-site"):
+            raise _Reply(
+                HTTPStatus.FORBIDDEN, {"error": f"requests from web pages are refused (Sec-Fetch-Site: {site})"}
+            )
+        for origin in self.headers.get_all("Origin") or []:
+            if not self._is_own_origin(origin):
+                raise _Reply(
+                    HTTPStatus.FORBIDDEN, {"error": f"requests from another origin are refused (Origin: {origin})"}
+                )
+
+    def _is_own_origin(self, origin: str) -> bool:
+        # The endpoint's own origin is http:// plus the Host the request was sent to. A page
+        # served from a rebound name (DNS rebinding) passes this, but then has no token,
+        # and on loopback its Host is refused in _check_token.
+        host = self.headers.get("Host")
+        if host is None:
+            return False
+        try:
+            theirs, ours = urlsplit(origin.strip()), urlsplit("//" + host.strip())
+            return (
+                theirs.scheme.lower() == "http"
+                and theirs.hostname is not None
+                and theirs.hostname == ours.hostname
+                and (theirs.port or 80) == (ours.port or 80)
+                and theirs.path in ("", "/")
+            )
+        except ValueError:  # a bad port or bracket
+            return False
+
+    def _bearer(self) -> str | None:
+        """The token of ``Authorization: Bearer TOKEN``; "" for any other Authorization; None without one."""
+        header = self.headers.get("Authorization")
+        if header is None:
+            return None
+        scheme, _, token = header.strip().partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else ""
+
+    def _check_token(self, method: str) -> None:
+        admin = self.server.admin
+        presented = self._bearer()
+        if admin.token is not None and presented is not None:
+            if not hmac.compare_digest(presented.encode("utf-8"), admin.token.encode("utf-8")):
+                raise _Reply(HTTPStatus.UNAUTHORIZED, {"error": "wrong admin token"}, _WWW_AUTHENTICATE)
+            return
+        if method not in _READS:
+            if admin.token is None:
+                raise _Reply(HTTPStatus.FORBIDDEN, {"error": f"changes need a token: {_SET_A_TOKEN}"})
+            raise _Reply(
+                HTTPStatus.UNAUTHORIZED,
+                {"error": "changes need the admin token: send 'Authorization: Bearer TOKEN'"},
+                _WWW_AUTHENTICATE,
+            )
+        if not admin.loopback:
+            if admin.token is None:
+                raise _Reply(
+                    HTTPStatus.FORBIDDEN, {"error": f"an endpoint beyond loopback needs a token: {_SET_A_TOKEN}"}
+                )
+            raise _Reply(
+                HTTPStatus.UNAUTHORIZED,
+                {"error": "this endpoint is not on loopback: reads need the admin token too"},
+                _WWW_AUTHENTICATE,
+            )
+        # A tokenless read on loopback: only from a client that thinks it is talking to
+        # loopback. A web page whose name was rebound to 127.0.0.1 sends its own name.
+        host = self.headers.get("Host")
+        if host is not None and not _names_loopback(host):
+            raise _Reply(
+                HTTPStatus.FORBIDDEN,
+                {"error": f"Host {host!r} is not a loopback name: use 127.0.0.1, [::1] or localhost, or the token"},
+            )
+
+    def _allow_header(self) -> dict[str, str]:
+        try:
+            routes = self._routes(self.path, b"")
+        except _Reply:
+            return {}
+        return {"Allow": ", ".join(routes)}
+
     # --- routes ---------------------------------------------------------------------------
 
     def _route(self, method: str, target: str, body: bytes) -> tuple[int, Any]:
+        path = target.split("?", 1)[0].split("#", 1)[0]
+        routes = self._routes(target, body)
+        # HEAD is GET without the body (_send leaves it out).
+        handler = routes.get("GET" if method == "HEAD" else method)
+        if handler is None:
+            allow = ", ".join(routes)
+            raise _Reply(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": f"{method} is not allowed on {path}; allowed: {allow}"},
+                {"Allow": allow},
+            )
+        return handler()
+
+    def _routes(self, target: str, body: bytes) -> dict[str, Callable[[], tuple[int, Any]]]:
+        """The methods ``target`` takes, each with what it does; 404 for no such route."""
         admin = self.server.admin
-        if admin.stopping:
-            raise _Reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "qpid-flow is shutting down"})
         path = target.split("?", 1)[0].split("#", 1)[0]
         parts = path.split("/")
         if len(parts) < 3 or parts[0] != "" or parts[1] != "v1":
@@ -253,17 +419,7 @@ class _Handler(BaseHTTPRequestHandler):
             routes = {"GET": lambda: (200, self._groups(admin, name))}
         else:
             raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no such route: {path}"})
-
-        # HEAD is GET without the body (_send leaves it out).
-        handler = routes.get("GET" if method == "HEAD" else method)
-        if handler is None:
-            allow = ", ".join(routes)
-            raise _Reply(
-                HTTPStatus.METHOD_NOT_ALLOWED,
-                {"error": f"{method} is not allowed on {path}; allowed: {allow}"},
-                {"Allow": allow},
-            )
-        return handler()
+        return routes
 
     @staticmethod
     def _health(admin: AdminServer) -> dict[str, Any]:
@@ -310,6 +466,25 @@ class _Handler(BaseHTTPRequestHandler):
             raise _not_found(exc, "destination", name) from exc
 
 
+def _names_loopback(host: str) -> bool:
+    """Whether a Host header (``name[:port]``) names this machine's loopback."""
+    try:
+        name = urlsplit("//" + host.strip()).hostname
+    except ValueError:
+        return False
+    return name is not None and _is_loopback(name)
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _json_object(body: bytes, what: str, *, empty_ok: bool) -> dict[str, Any]:
     if not body.strip():
         if empty_ok:
@@ -325,12 +500,28 @@ def _json_object(body: bytes, what: str, *, empty_ok: bool) -> dict[str, Any]:
 
 
 class AdminServer:
-    """The HTTP JSON admin endpoint on a daemon thread; operations run on the reactor."""
+    """The HTTP JSON admin endpoint on a daemon thread; operations run on the reactor.
 
-    def __init__(self, listen: str, operations: AdminOperations, run_in_reactor: RunInReactor) -> None:
+    ``token`` is the admin token (``admin_token``): required for every change, and for
+    reads too unless ``listen`` is a loopback address. None: changes are refused.
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        operations: AdminOperations,
+        run_in_reactor: RunInReactor,
+        *,
+        token: str | None = None,
+    ) -> None:
         self.listen = listen
         self.operations = operations
         self._run_in_reactor = run_in_reactor
+        self.token = token or None  # an empty token would let an empty Authorization in
+        try:
+            self.loopback = _is_loopback(split_host_port(listen)[0])
+        except ValueError:  # start() reports the bad address
+            self.loopback = False
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.stopping = False

@@ -2,7 +2,9 @@
 clients of a running router's admin endpoint (``serve --admin HOST:PORT``).
 
 The client commands use ``urllib.request`` only, so a plain installation can administer
-a router without extra dependencies.
+a router without extra dependencies. They send the admin token from
+``QPID_FLOW_ADMIN_TOKEN`` or from ``admin_token`` in ``--config FILE``: never from the
+command line, where other users could read it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import http.client
 import json
 import os
 import sys
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -27,7 +30,10 @@ DEFAULT_ADMIN = "127.0.0.1:8673"
 
 # Exit codes of the client commands.
 _EXIT_UNREACHABLE = 1  # no admin endpoint, no answer, or an answer that is not ours
-_EXIT_REFUSED = 2  # the router answered 400 / 404: bad value or no such name
+_EXIT_REFUSED = 2  # the router answered 400 / 404: bad value or no such name; 401 / 403: not allowed
+
+# The environment variable the client (and the router) read the admin token from.
+_TOKEN_VARIABLE = "QPID_FLOW_ADMIN_TOKEN"
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -167,9 +173,10 @@ def _duration(text: str) -> float | int | str:
 class _Admin:
     """A tiny JSON client for the admin endpoint."""
 
-    def __init__(self, address: str, timeout: float) -> None:
+    def __init__(self, address: str, timeout: float, token: str | None = None) -> None:
         self.address = address
         self.timeout = timeout
+        self.token = token
         # No proxies: the endpoint is on loopback or a trusted network, and an
         # http_proxy in the environment must not capture requests to it.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -178,6 +185,8 @@ class _Admin:
         data = None if body is None else json.dumps(body).encode("utf-8")
         request = urllib.request.Request(f"http://{self.address}{path}", data=data, method=method)
         request.add_header("Accept", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
@@ -207,6 +216,22 @@ class _Admin:
             message = f"HTTP {exc.code} {exc.reason}"
         if exc.code in (400, 404):
             return _ClientError(_EXIT_REFUSED, message)
+        if exc.code == 401 and self.token:
+            return _ClientError(
+                _EXIT_REFUSED,
+                f"the admin endpoint at {self.address} refused the admin token (401): "
+                f"check {_TOKEN_VARIABLE} or admin_token in --config",
+            )
+        if exc.code == 401:
+            return _ClientError(
+                _EXIT_REFUSED,
+                f"the admin endpoint at {self.address} needs the admin token (401): "
+                f"set {_TOKEN_VARIABLE}, or pass --config FILE with admin_token",
+            )
+        if exc.code == 403:
+            return _ClientError(
+                _EXIT_REFUSED, f"the admin endpoint at {self.address} refused the request (403): {message}"
+            )
         return _ClientError(_EXIT_UNREACHABLE, f"the admin endpoint at {self.address} answered {exc.code}: {message}")
 
     def _unreachable(self) -> _ClientError:
@@ -225,7 +250,38 @@ class _Admin:
 
 
 def _client(args: argparse.Namespace) -> _Admin:
-    return _Admin(args.admin, args.timeout)
+    """The endpoint and token: command line, then environment, then ``--config``, then default."""
+    settings = _client_config(args.config) if args.config else {}
+    address = args.admin or os.environ.get("QPID_FLOW_ADMIN") or settings.get("admin") or DEFAULT_ADMIN
+    token = os.environ.get(_TOKEN_VARIABLE) or settings.get("admin_token")
+    return _Admin(address, args.timeout, token)
+
+
+def _client_config(path: str) -> dict[str, str]:
+    """``admin`` and ``admin_token`` from a router's configuration file; the rest is the
+    router's business (and may name files that exist only where it runs)."""
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise _ClientError(_EXIT_REFUSED, f"configuration error: --config = {path!r}: file not found") from None
+    except OSError as exc:
+        raise _ClientError(_EXIT_REFUSED, f"configuration error: --config = {path!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise _ClientError(_EXIT_REFUSED, f"configuration error: --config = {path!r}: not valid TOML: {exc}") from None
+    found: dict[str, str] = {}
+    token = data.get("admin_token")
+    if token is not None:
+        if not isinstance(token, str) or not token:
+            raise _ClientError(_EXIT_REFUSED, "configuration error: admin_token: must be a non-empty string")
+        found["admin_token"] = token
+    admin = data.get("admin")
+    if admin is not None:
+        try:
+            found["admin"] = _admin_address(admin if isinstance(admin, str) else repr(admin))
+        except argparse.ArgumentTypeError as exc:
+            raise _ClientError(_EXIT_REFUSED, f"configuration error: admin: {exc}") from None
+    return found
 
 
 def _path_name(name: str) -> str:
@@ -345,9 +401,12 @@ def _client_options() -> argparse.ArgumentParser:
         "--admin",
         metavar="HOST:PORT",
         type=_admin_address,
-        # Read when the parser is built (each main() call), so tests and shells can set it.
-        default=os.environ.get("QPID_FLOW_ADMIN") or DEFAULT_ADMIN,
-        help=f"the router's admin endpoint (default $QPID_FLOW_ADMIN or {DEFAULT_ADMIN})",
+        help=f"the router's admin endpoint (default $QPID_FLOW_ADMIN, else admin in --config, else {DEFAULT_ADMIN})",
+    )
+    common.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"the router's configuration file: its admin and admin_token (${_TOKEN_VARIABLE} wins over the file)",
     )
     common.add_argument(
         "--timeout", metavar="SECONDS", type=_positive_seconds, default=10.0, help="give up after this long (10)"

@@ -167,6 +167,12 @@ def _existing_file(value: Any, key: str) -> str:
     return value
 
 
+def _secret(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, "***", "must be a non-empty string")  # never echo a secret
+    return value
+
+
 def _one_of(*choices: str) -> Callable[[Any, str], str]:
     def check(value: Any, key: str) -> str:
         if value not in choices:
@@ -491,7 +497,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "broker_tls_key": _existing_file,
     "broker_tls_verify_hostname": _boolean,
     "broker_user": _string,
-    "broker_password": _string,
+    "broker_password": _secret,
     "users_file": _existing_file,
     "allow_anonymous": _boolean,
     "acl": _acl,
@@ -501,7 +507,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "max_links_per_connection": _non_negative_int,
     "idle_timeout": parse_duration,
     "sasl_timeout": parse_duration,
-    "admin_token": _string,
+    "admin_token": _secret,
 }
 
 # Settings that may come from the environment, so that no secret has to be on a command

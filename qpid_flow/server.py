@@ -92,7 +92,7 @@ class Server(Handler):
         if config.admin is not None:
             flow = self.hooks.pm.get_plugin("flow")
             operations = Operations(self.destinations, self.control, flow)
-            self.admin = AdminServer(config.admin, operations, self.bridge.call)
+            self.admin = AdminServer(config.admin, operations, self.bridge.call, token=config.admin_token)
         self._deadline = 0.0
         self._stopping = False
 

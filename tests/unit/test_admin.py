@@ -36,6 +36,9 @@ ORDERS = {
     "groups": 7,
 }
 SLASHED = {"name": "/queue/orders", "depth": 0, "bytes": 0, "flowStopped": False}
+TOKEN = "t0ken-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+JSON_AUTH = {**AUTH, "Content-Type": "application/json"}
 
 
 class FakeOperations:
@@ -107,16 +110,29 @@ def ops() -> FakeOperations:
 
 @pytest.fixture
 def server(ops: FakeOperations) -> Iterator[AdminServer]:
-    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor)
+    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, token=TOKEN)
     admin.start()
     yield admin
     admin.stop()
 
 
-def call(server: AdminServer, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
-    """One request; returns (status, decoded JSON body) for success and error statuses alike."""
+def call(
+    server: AdminServer,
+    method: str,
+    path: str,
+    body: Any = None,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    """One request, with the token and a JSON Content-Type unless ``headers`` says otherwise;
+    returns (status, decoded JSON body) for success and error statuses alike."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", data=data, method=method)
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}{path}",
+        data=data,
+        method=method,
+        headers=JSON_AUTH if headers is None else headers,
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             assert response.headers["Content-Type"] == "application/json"
@@ -246,7 +262,9 @@ def test_unknown_routes_are_404(server: AdminServer, ops: FakeOperations, path: 
     ],
 )
 def test_wrong_method_is_405(server: AdminServer, ops: FakeOperations, method: str, path: str, allow: str) -> None:
-    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", data=b"{}", method=method)
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}{path}", data=b"{}", method=method, headers=JSON_AUTH
+    )
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(request, timeout=5)
     assert caught.value.code == 405
@@ -287,7 +305,7 @@ def test_keep_alive_survives_refused_requests_with_bodies(server: AdminServer) -
     # The refused request's body must be read, or it would be parsed as the next request.
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
     try:
-        connection.request("POST", "/v1/health", body=b'{"pattern": "x"}')
+        connection.request("POST", "/v1/health", body=b'{"pattern": "x"}', headers=JSON_AUTH)
         first = connection.getresponse()
         assert first.status == 405
         first.read()
@@ -303,6 +321,8 @@ def test_an_oversized_body_is_refused(server: AdminServer, ops: FakeOperations) 
     try:
         connection.putrequest("PUT", "/v1/destinations/orders")
         connection.putheader("Content-Length", str(admin_module._MAX_BODY + 1))
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Authorization", f"Bearer {TOKEN}")
         connection.endheaders()
         response = connection.getresponse()
         assert response.status == 413
@@ -326,3 +346,268 @@ def test_stop_closes_the_port(ops: FakeOperations) -> None:
     admin.stop()  # idempotent
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
+
+
+# --- Who may ask: the token, loopback, and nothing a web page can send -----------------------
+
+
+def raw(
+    server: AdminServer, method: str, path: str, headers: dict[str, str], body: bytes | None = None
+) -> tuple[int, http.client.HTTPMessage, Any]:
+    """One request with exactly these headers (Host included, if given) -> (status, headers, JSON)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        connection.putrequest(method, path, skip_host="Host" in headers, skip_accept_encoding=True)
+        for name, value in headers.items():
+            connection.putheader(name, value)
+        if body is not None:
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.headers, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def tokenless(ops: FakeOperations) -> Iterator[AdminServer]:
+    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor)
+    admin.start()
+    yield admin
+    admin.stop()
+
+
+CHANGES = [
+    ("PUT", "/v1/destinations/orders", {"max_count": 5}),
+    ("DELETE", "/v1/destinations/orders", None),
+    ("POST", "/v1/producers/stop", {"pattern": "orders"}),
+    ("POST", "/v1/producers/start", {"pattern": "orders"}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), CHANGES)
+def test_without_a_configured_token_changes_are_403_saying_how_to_set_one(
+    tokenless: AdminServer, ops: FakeOperations, method: str, path: str, body: Any
+) -> None:
+    for headers in ({"Content-Type": "application/json"}, JSON_AUTH):
+        status, answer = call(tokenless, method, path, body, headers=headers)
+        assert status == 403
+        assert "admin_token" in answer["error"] and "QPID_FLOW_ADMIN_TOKEN" in answer["error"]
+    assert ops.calls == []
+
+
+@pytest.mark.parametrize(("method", "path", "body"), CHANGES)
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {TOKEN}", "Bearer", f"bearer {TOKEN}x"])
+def test_a_change_without_the_right_token_is_401_with_www_authenticate(
+    server: AdminServer, ops: FakeOperations, method: str, path: str, body: Any, authorization: str | None
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    data = None if body is None else json.dumps(body).encode()
+    status, answer_headers, answer = raw(server, method, path, headers, data)
+    assert status == 401
+    assert answer_headers["WWW-Authenticate"].startswith("Bearer")
+    assert "token" in answer["error"]
+    assert ops.calls == []
+
+
+@pytest.mark.parametrize(("method", "path", "body"), CHANGES)
+def test_a_change_with_the_token_is_done(
+    server: AdminServer, ops: FakeOperations, method: str, path: str, body: Any
+) -> None:
+    assert call(server, method, path, body)[0] == 200
+    assert len(ops.calls) == 1
+
+
+def test_the_bearer_scheme_is_case_insensitive(server: AdminServer, ops: FakeOperations) -> None:
+    headers = {"Authorization": f"bearer {TOKEN}", "Content-Type": "application/json"}
+    assert call(server, "POST", "/v1/producers/stop", {"pattern": "x"}, headers=headers)[0] == 200
+
+
+@pytest.mark.parametrize("fixture", ["server", "tokenless"])
+def test_reads_on_loopback_need_no_token(request: pytest.FixtureRequest, fixture: str) -> None:
+    admin: AdminServer = request.getfixturevalue(fixture)
+    for path in ("/v1/health", "/v1/destinations", "/v1/destinations/orders", "/v1/groups/orders"):
+        assert call(admin, "GET", path, headers={})[0] == 200
+    assert call(admin, "GET", "/v1/health", headers={"Host": "localhost"})[0] == 200
+    assert call(admin, "GET", "/v1/health", headers={"Host": f"[::1]:{admin.port}"})[0] == 200
+
+
+def test_a_read_with_a_wrong_token_is_401_even_on_loopback(server: AdminServer) -> None:
+    assert call(server, "GET", "/v1/health", headers={"Authorization": "Bearer wrong"})[0] == 401
+
+
+def test_a_token_sent_to_a_loopback_endpoint_without_one_is_ignored_for_reads(tokenless: AdminServer) -> None:
+    assert call(tokenless, "GET", "/v1/health", headers=AUTH)[0] == 200
+
+
+def test_a_tokenless_read_naming_another_host_is_refused_dns_rebinding(
+    server: AdminServer, ops: FakeOperations
+) -> None:
+    # A page on http://evil.example:PORT whose name now resolves to 127.0.0.1 reads same-origin.
+    evil = {"Host": f"evil.example:{server.port}", "Origin": f"http://evil.example:{server.port}"}
+    status, _, answer = raw(server, "GET", "/v1/destinations", evil)
+    assert status == 403
+    assert "loopback" in answer["error"]
+    assert raw(server, "GET", "/v1/destinations", {"Host": "evil.example"})[0] == 403
+    assert ops.calls == []
+    # A client with the token may use any name for the endpoint (e.g. through a tunnel).
+    assert raw(server, "GET", "/v1/destinations", {"Host": "admin.internal", **AUTH})[0] == 200
+
+
+def test_beyond_loopback_reads_need_the_token_too(server: AdminServer, tokenless: AdminServer) -> None:
+    server.loopback = tokenless.loopback = False  # as if bound to 0.0.0.0
+    status, headers, _ = raw(server, "GET", "/v1/destinations", {})
+    assert status == 401
+    assert headers["WWW-Authenticate"].startswith("Bearer")
+    assert call(server, "GET", "/v1/destinations", headers=AUTH)[0] == 200
+    status, answer = call(tokenless, "GET", "/v1/health", headers={})
+    assert status == 403
+    assert "admin_token" in answer["error"]
+
+
+@pytest.mark.parametrize(
+    ("listen", "loopback"),
+    [("127.0.0.1:0", True), ("127.0.0.2:8673", True), ("localhost:0", True), ("[::1]:0", True),
+     ("0.0.0.0:8673", False), ("[::]:8673", False), ("10.0.0.5:8673", False), ("admin.example:8673", False)],
+)  # fmt: skip
+def test_which_listen_addresses_are_loopback(ops: FakeOperations, listen: str, loopback: bool) -> None:
+    assert AdminServer(listen, ops, ops.run_in_reactor, token=TOKEN).loopback is loopback
+
+
+def test_a_cross_site_text_plain_post_is_refused(
+    server: AdminServer, tokenless: AdminServer, ops: FakeOperations
+) -> None:
+    # What a page on evil.example can send without a preflight: a "simple" POST.
+    headers = {"Content-Type": "text/plain", "Origin": "http://evil.example"}
+    for admin in (server, tokenless):
+        status, answer = call(admin, "POST", "/v1/producers/stop", raw=b'{"pattern": "orders"}', headers=headers)
+        assert status == 403
+        assert "evil.example" in answer["error"]
+    # Not even with the token (a page cannot have it, but the origin alone is enough).
+    status, _ = call(server, "POST", "/v1/producers/stop", {"pattern": "orders"}, headers={**JSON_AUTH, **headers})
+    assert status == 403
+    assert ops.calls == []
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1", "https://127.0.0.1:{port}",
+                                    "http://localhost:{port}", "http://127.0.0.1:{port}.evil.example"])  # fmt: skip
+def test_any_foreign_origin_is_refused_even_for_reads(server: AdminServer, ops: FakeOperations, origin: str) -> None:
+    origin = origin.format(port=server.port)
+    assert call(server, "GET", "/v1/destinations", headers={"Origin": origin})[0] == 403
+    assert call(server, "GET", "/v1/destinations", headers={"Origin": origin, **AUTH})[0] == 403
+    assert ops.calls == []
+
+
+def test_the_endpoints_own_origin_is_accepted(server: AdminServer, ops: FakeOperations) -> None:
+    own = {"Origin": f"http://127.0.0.1:{server.port}"}
+    assert call(server, "GET", "/v1/destinations", headers=own)[0] == 200
+    assert call(server, "POST", "/v1/producers/stop", {"pattern": "x"}, headers={**JSON_AUTH, **own})[0] == 200
+
+
+@pytest.mark.parametrize("site", ["cross-site", "same-site", "Cross-Site"])
+def test_sec_fetch_site_from_another_site_is_refused(server: AdminServer, ops: FakeOperations, site: str) -> None:
+    assert call(server, "GET", "/v1/destinations", headers={"Sec-Fetch-Site": site})[0] == 403
+    status, _ = call(server, "PUT", "/v1/destinations/x", {}, headers={**JSON_AUTH, "Sec-Fetch-Site": site})
+    assert status == 403
+    assert ops.calls == []
+
+
+@pytest.mark.parametrize("site", ["same-origin", "none"])
+def test_sec_fetch_site_of_the_endpoint_itself_is_accepted(server: AdminServer, site: str) -> None:
+    assert call(server, "GET", "/v1/health", headers={"Sec-Fetch-Site": site})[0] == 200
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+)
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/producers/stop"), ("PUT", "/v1/destinations/orders")])
+def test_a_body_that_is_not_declared_json_is_415(
+    server: AdminServer, ops: FakeOperations, content_type: str | None, method: str, path: str
+) -> None:
+    headers = dict(AUTH)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    status, _, answer = raw(server, method, path, headers, b'{"pattern": "orders"}')
+    assert status == 415
+    assert "application/json" in answer["error"]
+    assert ops.calls == []
+
+
+def test_json_with_a_charset_is_json(server: AdminServer, ops: FakeOperations) -> None:
+    headers = {**AUTH, "Content-Type": "application/json; charset=utf-8"}
+    assert call(server, "POST", "/v1/producers/stop", {"pattern": "x"}, headers=headers)[0] == 200
+
+
+def test_options_preflight_is_405_without_cors_headers(server: AdminServer, ops: FakeOperations) -> None:
+    preflight = {
+        "Origin": "http://evil.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    for path in ("/v1/producers/stop", "/v1/destinations/orders", "/nowhere"):
+        status, headers, answer = raw(server, "OPTIONS", path, preflight)
+        assert status == 405
+        assert "OPTIONS" in answer["error"]
+        assert not [name for name in headers if name.lower().startswith("access-control-")]
+    assert raw(server, "OPTIONS", "/v1/producers/stop", {})[1]["Allow"] == "POST"
+    assert ops.calls == []
+
+
+def test_no_answer_carries_cors_headers_and_none_may_be_sniffed(server: AdminServer) -> None:
+    for method, path, headers in [
+        ("GET", "/v1/destinations", {}),
+        ("GET", "/v1/destinations", {"Origin": "http://evil.example"}),
+        ("POST", "/v1/producers/stop", {"Content-Type": "text/plain"}),
+        ("GET", "/v1/nothing", {}),
+    ]:
+        _, answer_headers, _ = raw(server, method, path, headers)
+        assert not [name for name in answer_headers if name.lower().startswith("access-control-")]
+        assert answer_headers["X-Content-Type-Options"] == "nosniff"
+        assert answer_headers["Cache-Control"] == "no-store"
+
+
+def test_a_request_refused_before_its_body_was_read_closes_the_connection(server: AdminServer) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        connection.request(
+            "POST", "/v1/producers/stop", body=b'{"pattern": "x"}', headers={"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        assert response.status == 401
+        assert response.headers["Connection"] == "close"
+        response.read()
+    finally:
+        connection.close()
+
+
+def test_a_refused_request_without_a_body_keeps_the_connection(server: AdminServer) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        connection.request("DELETE", "/v1/destinations/orders")
+        first = connection.getresponse()
+        assert first.status == 401
+        first.read()
+        connection.request("GET", "/v1/health")
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
+
+
+def test_refusals_are_logged_without_the_token(server: AdminServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    logged: list[tuple[str, dict[str, Any]]] = []
+
+    class Log:
+        def info(self, event: str, **fields: Any) -> None:
+            logged.append((event, fields))
+
+        def debug(self, event: str, **fields: Any) -> None:
+            pass
+
+    monkeypatch.setattr(admin_module, "log", Log())
+    call(server, "DELETE", "/v1/destinations/orders", headers={"Authorization": "Bearer not-the-token"})
+    ((event, fields),) = logged
+    assert event == "admin_refused"
+    assert (fields["method"], fields["status"]) == ("DELETE", 401)
+    assert "not-the-token" not in repr(fields) and TOKEN not in repr(fields)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from qpid_flow import admin as admin_module
 from qpid_flow import cli
 from qpid_flow.admin import AdminServer
 from qpid_flow.config import ConfigError
-from tests.unit.test_admin import ORDERS, SLASHED, FakeOperations
+from tests.unit.test_admin import ORDERS, SLASHED, TOKEN, FakeOperations
 
 
 @pytest.fixture
@@ -31,8 +32,9 @@ class QuietLog:
 @pytest.fixture
 def admin(ops: FakeOperations, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.delenv("QPID_FLOW_ADMIN", raising=False)
+    monkeypatch.setenv("QPID_FLOW_ADMIN_TOKEN", TOKEN)
     monkeypatch.setattr(admin_module, "log", QuietLog())
-    server = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor)
+    server = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, token=TOKEN)
     server.start()
     yield f"127.0.0.1:{server.port}"
     server.stop()
@@ -243,3 +245,99 @@ def test_serve_admin_overrides_the_config_key(
     code, _, _ = run(capsys, "serve", "--admin", "127.0.0.1:9000")
     assert code == 2
     assert seen["admin"] == "127.0.0.1:9000"
+
+
+# --- The admin token -------------------------------------------------------------------------
+
+
+def test_a_change_without_a_token_exits_2_saying_where_to_put_it(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("QPID_FLOW_ADMIN_TOKEN")
+    code, out, err = run(capsys, "producers", "stop", "orders", "--admin", admin)
+    assert (code, out) == (2, "")
+    assert err == (
+        f"qpid-flow: the admin endpoint at {admin} needs the admin token (401): "
+        "set QPID_FLOW_ADMIN_TOKEN, or pass --config FILE with admin_token\n"
+    )
+    assert ops.calls == []
+
+
+def test_a_wrong_token_exits_2(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QPID_FLOW_ADMIN_TOKEN", "not-it")
+    code, _, err = run(capsys, "config", "del", "destination", "orders", "--admin", admin)
+    assert code == 2
+    assert err == (
+        f"qpid-flow: the admin endpoint at {admin} refused the admin token (401): "
+        "check QPID_FLOW_ADMIN_TOKEN or admin_token in --config\n"
+    )
+    assert ops.calls == []
+
+
+def test_a_router_without_a_token_refuses_changes_with_its_reason(
+    ops: FakeOperations, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_module, "log", QuietLog())
+    server = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor)
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        code, _, err = run(capsys, "producers", "stop", "orders", "--admin", address)
+        assert code == 2
+        assert err.startswith(f"qpid-flow: the admin endpoint at {address} refused the request (403): changes need")
+        assert "admin_token" in err and err.count("\n") == 1
+        # Reads on loopback need no token, and the one in the environment does no harm.
+        assert run(capsys, "stat", "--json", "--admin", address)[0] == 0
+    finally:
+        server.stop()
+
+
+def test_reads_on_loopback_need_no_token(
+    admin: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("QPID_FLOW_ADMIN_TOKEN")
+    code, out, _ = run(capsys, "stat", "--json", "--admin", admin)
+    assert code == 0
+    assert "orders" in json.loads(out)
+
+
+def test_config_file_gives_the_token_and_the_address(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("QPID_FLOW_ADMIN_TOKEN")
+    config = tmp_path / "qpid-flow.toml"
+    config.write_text(f'admin = "{admin}"\nadmin_token = "{TOKEN}"\nusers_file = "/only/on/the/router"\n')
+    code, _, err = run(capsys, "producers", "stop", "orders", "--config", str(config))
+    assert (code, err) == (0, "")
+    assert ops.calls == [("producers", "stop", "orders")]
+
+
+def test_the_environment_token_wins_over_the_config_file(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "qpid-flow.toml"
+    config.write_text('admin_token = "stale"\n')
+    code, _, _ = run(capsys, "producers", "stop", "orders", "--config", str(config), "--admin", admin)
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "file not found"),
+        ("admin_token = [", "not valid TOML"),
+        ("admin_token = 7", "admin_token: must be a non-empty string"),
+        ('admin = "nowhere"', "admin: 'nowhere' is not HOST:PORT"),
+    ],
+)
+def test_a_bad_config_file_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str | None, message: str
+) -> None:
+    config = tmp_path / "qpid-flow.toml"
+    if text is not None:
+        config.write_text(text)
+    code, out, err = run(capsys, "stat", "--config", str(config))
+    assert (code, out) == (2, "")
+    assert err.startswith("qpid-flow: configuration error: ") and message in err and err.count("\n") == 1

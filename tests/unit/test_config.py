@@ -171,3 +171,10 @@ def test_security_rules_between_keys(tmp_path: Path) -> None:
         build_config({"max_links_per_connection": -1})
     with pytest.raises(ConfigError, match=r"^idle_timeout = 'soon'"):
         build_config({"idle_timeout": "soon"})
+
+
+def test_a_bad_secret_is_never_echoed() -> None:
+    for key in ("admin_token", "broker_password"):
+        with pytest.raises(ConfigError) as caught:
+            build_config({key: 123456789})
+        assert "123456789" not in str(caught.value) and str(caught.value).startswith(f"{key} = '***'")
