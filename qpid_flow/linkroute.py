@@ -41,7 +41,7 @@ from qpid_flow.guard import contain_errors
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Consumer, Message, Outcome, Settlement
 from qpid_flow.outcomes import relay_state, remote_settlement
-from qpid_flow.router import ANONYMOUS_RELAY, Router, _connection_ids
+from qpid_flow.router import ANONYMOUS_RELAY, Router, _connection_ids, user_of
 
 if TYPE_CHECKING:
     from proton import Connection, Event, Session
@@ -242,6 +242,7 @@ class BrokerRouter(Router):
             connection=pair.id,
             remote=f"{pair.peer[0]}:{pair.peer[1]}",
             container=client.remote_container,
+            user=user_of(client),
             broker=pair.broker.redacted,
         )
 
