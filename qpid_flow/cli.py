@@ -1,5 +1,6 @@
-"""The ``qpid-flow`` command line: ``serve`` runs the router; the other commands are
-clients of a running router's admin endpoint (``serve --admin HOST:PORT``).
+"""The ``qpid-flow`` command line: ``serve`` runs the router; ``user`` edits a users file;
+the other commands are clients of a running router's admin endpoint (``serve --admin
+HOST:PORT``).
 
 The client commands use ``urllib.request`` only, so a plain installation can administer
 a router without extra dependencies. They send the admin token from
@@ -10,6 +11,7 @@ command line, where other users could read it.
 from __future__ import annotations
 
 import argparse
+import getpass
 import http.client
 import json
 import os
@@ -23,6 +25,7 @@ from urllib.parse import quote
 
 from qpid_flow import __version__
 from qpid_flow.config import ConfigError, load_config
+from qpid_flow.users import UsersFile, check_name
 
 __all__ = ["DEFAULT_ADMIN", "build_parser", "main"]
 
@@ -467,12 +470,107 @@ def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     groups.set_defaults(func=_groups)
 
 
+# --- qpid-flow user: the users file (SASL PLAIN, standalone) --------------------------------
+
+
+def _load_users(path: str, *, missing_ok: bool = False) -> UsersFile:
+    if missing_ok and not os.path.lexists(path):
+        return UsersFile()
+    try:
+        return UsersFile.load(path)
+    except ConfigError as exc:
+        raise _ClientError(_EXIT_REFUSED, str(exc)) from None
+
+
+def _save_users(users: UsersFile, path: str) -> None:
+    try:
+        users.save(path)
+    except OSError as exc:
+        raise _ClientError(_EXIT_UNREACHABLE, f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _read_password(name: str) -> str:
+    """From the terminal (asked twice, not echoed), or the first line of standard input."""
+    stdin = sys.stdin
+    if stdin is None:
+        raise _ClientError(_EXIT_REFUSED, "no standard input to read the password from")
+    if stdin.isatty():
+        try:
+            password = getpass.getpass(f"Password for {name}: ")
+            again = getpass.getpass("Again: ")
+        except EOFError:
+            raise _ClientError(_EXIT_REFUSED, "no password given; nothing changed") from None
+        if password != again:
+            raise _ClientError(_EXIT_REFUSED, "the passwords do not match; nothing changed")
+    else:
+        # One line, so that `printf '%s\n' "$PASSWORD" | qpid-flow user add ...` works;
+        # only the line end is taken off (spaces may be part of a password).
+        password = stdin.readline().removesuffix("\n").removesuffix("\r")
+    if not password:
+        raise _ClientError(_EXIT_REFUSED, "empty password; nothing changed")
+    return password
+
+
+def _user_add(args: argparse.Namespace) -> int:
+    problem = check_name(args.name)
+    if problem is not None:
+        raise _ClientError(_EXIT_REFUSED, f"user name {args.name!r} {problem}")
+    users = _load_users(args.file, missing_ok=True)
+    existed = args.name in users
+    users.add(args.name, _read_password(args.name))
+    _save_users(users, args.file)
+    print(f"{'changed the password of' if existed else 'added'} user {args.name!r} in {args.file}")
+    return 0
+
+
+def _user_remove(args: argparse.Namespace) -> int:
+    users = _load_users(args.file)
+    if not users.remove(args.name):
+        raise _ClientError(_EXIT_REFUSED, f"no user {args.name!r} in {args.file}")
+    _save_users(users, args.file)
+    print(f"removed user {args.name!r} from {args.file}")
+    return 0
+
+
+def _user_list(args: argparse.Namespace) -> int:
+    for name in _load_users(args.file).names():
+        print(name)
+    return 0
+
+
+def _user_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    user = sub.add_parser(
+        "user",
+        help="add, remove or list users of a users file (SASL PLAIN, standalone)",
+        description="Edit a users file (users_file, --users-file): one NAME:scrypt-hash line per user. "
+        "Changes are written atomically (mode 0600).",
+    )
+    user_sub = user.add_subparsers(dest="user_command", required=True)
+    add = user_sub.add_parser(
+        "add",
+        help="add a user, or change its password",
+        description="Add NAME to FILE (created if absent), or change its password. The password is read "
+        "from standard input: asked twice on a terminal, else the first line.",
+    )
+    add.add_argument("file", metavar="FILE", help="the users file")
+    add.add_argument("name", metavar="NAME", help="the user name (no ':', whitespace or control characters)")
+    add.set_defaults(func=_user_add)
+    remove = user_sub.add_parser("remove", help="remove a user", description="Remove NAME from FILE.")
+    remove.add_argument("file", metavar="FILE", help="the users file")
+    remove.add_argument("name", metavar="NAME", help="the user name")
+    remove.set_defaults(func=_user_remove)
+    listing = user_sub.add_parser("list", help="list the users", description="Print the user names, one a line.")
+    listing.add_argument("file", metavar="FILE", help="the users file")
+    listing.set_defaults(func=_user_list)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qpid-flow", description="AMQP 1.0 flow-control and message-group router")
     parser.add_argument("--version", action="version", version=f"qpid-flow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _client_parsers(sub)
+    _user_parser(sub)
     _report_parser(sub)
     return parser
 

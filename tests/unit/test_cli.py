@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from qpid_flow import admin as admin_module
 from qpid_flow import cli
 from qpid_flow.admin import AdminServer
 from qpid_flow.config import ConfigError
+from qpid_flow.users import UsersFile
 from tests.unit.test_admin import ORDERS, SLASHED, TOKEN, FakeOperations
 
 
@@ -341,3 +344,130 @@ def test_a_bad_config_file_exits_2_with_one_line(
     code, out, err = run(capsys, "stat", "--config", str(config))
     assert (code, out) == (2, "")
     assert err.startswith("qpid-flow: configuration error: ") and message in err and err.count("\n") == 1
+
+
+# --- qpid-flow user ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cheap_scrypt(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qpid_flow import users
+
+    monkeypatch.setattr(users, "_N", 2**10)
+
+
+def with_stdin(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+
+
+def test_user_add_list_remove_with_the_password_on_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cheap_scrypt: None
+) -> None:
+    path = tmp_path / "users"
+    with_stdin(monkeypatch, "alice's pass word \nignored second line\n")
+    assert run(capsys, "user", "add", str(path), "alice") == (0, f"added user 'alice' in {path}\n", "")
+    with_stdin(monkeypatch, "b\r\n")
+    assert run(capsys, "user", "add", str(path), "bob")[0] == 0
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert "pass word" not in path.read_text()
+    users = UsersFile.load(path)
+    assert users.verify("alice", "alice's pass word ")  # only the line end is taken off
+    assert users.verify("bob", "b")
+
+    assert run(capsys, "user", "list", str(path)) == (0, "alice\nbob\n", "")
+
+    with_stdin(monkeypatch, "new\n")
+    code, out, _ = run(capsys, "user", "add", str(path), "alice")
+    assert (code, out) == (0, f"changed the password of user 'alice' in {path}\n")
+    assert UsersFile.load(path).verify("alice", "new")
+
+    assert run(capsys, "user", "remove", str(path), "alice") == (0, f"removed user 'alice' from {path}\n", "")
+    assert run(capsys, "user", "list", str(path)) == (0, "bob\n", "")
+
+
+def test_user_add_on_a_terminal_asks_twice(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cheap_scrypt: None
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal(""))
+    answers = iter(["s3cret", "s3cret", "one", "two"])
+    prompts: list[str] = []
+
+    def fake_getpass(prompt: str = "") -> str:
+        prompts.append(prompt)
+        return next(answers)
+
+    monkeypatch.setattr(cli.getpass, "getpass", fake_getpass)
+    path = tmp_path / "users"
+    assert run(capsys, "user", "add", str(path), "alice")[0] == 0
+    assert prompts == ["Password for alice: ", "Again: "]
+    assert UsersFile.load(path).verify("alice", "s3cret")
+
+    code, out, err = run(capsys, "user", "add", str(path), "alice")
+    assert (code, out, err) == (2, "", "qpid-flow: the passwords do not match; nothing changed\n")
+    assert UsersFile.load(path).verify("alice", "s3cret")
+
+
+@pytest.mark.parametrize("stdin", ["", "\n"])
+def test_user_add_refuses_an_empty_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, stdin: str
+) -> None:
+    with_stdin(monkeypatch, stdin)
+    path = tmp_path / "users"
+    assert run(capsys, "user", "add", str(path), "alice") == (2, "", "qpid-flow: empty password; nothing changed\n")
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("name", ["a:b", "a b", "", "tab\there"])
+def test_user_add_refuses_a_bad_name_before_asking(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str
+) -> None:
+    with_stdin(monkeypatch, "pw\n")
+    code, out, err = run(capsys, "user", "add", str(tmp_path / "users"), name)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"qpid-flow: user name {name!r} must ")
+    assert not (tmp_path / "users").exists()
+
+
+def test_user_commands_on_a_malformed_file_name_the_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "users"
+    path.write_text("# users\nalice:plain\n")
+    before = path.read_text()
+    with_stdin(monkeypatch, "pw\n")
+    for argv in (["add", str(path), "bob"], ["remove", str(path), "alice"], ["list", str(path)]):
+        code, out, err = run(capsys, "user", *argv)
+        assert (code, out) == (2, "")
+        assert err.startswith(f"qpid-flow: users_file = {str(path)!r}: line 2 (user 'alice'): ")
+    assert path.read_text() == before
+
+
+def test_user_remove_or_list_of_what_is_not_there_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, cheap_scrypt: None
+) -> None:
+    missing = tmp_path / "missing"
+    assert run(capsys, "user", "list", str(missing)) == (
+        2,
+        "",
+        f"qpid-flow: users_file = {str(missing)!r}: no such file\n",
+    )
+    assert run(capsys, "user", "remove", str(missing), "alice")[0] == 2
+    path = tmp_path / "users"
+    users = UsersFile()
+    users.add("bob", "b")
+    users.save(path)
+    assert run(capsys, "user", "remove", str(path), "alice") == (2, "", f"qpid-flow: no user 'alice' in {path}\n")
+
+
+def test_user_add_that_cannot_write_exits_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cheap_scrypt: None
+) -> None:
+    with_stdin(monkeypatch, "pw\n")
+    path = tmp_path / "no-such-dir" / "users"
+    code, out, err = run(capsys, "user", "add", str(path), "alice")
+    assert (code, out) == (1, "")
+    assert err.startswith(f"qpid-flow: cannot write {path}: ")
