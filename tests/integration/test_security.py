@@ -10,6 +10,7 @@ trouble keeps round-tripping messages: one client's refusal stays its own.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -472,3 +473,48 @@ def test_tls_to_the_broker(
         connect(f"amqp://{tls_rabbitmq.user}:{tls_rabbitmq.password}@127.0.0.1:{untrusted.port}")
     assert '"event": "broker_tls_failed"' in untrusted.log_text()
     assert untrusted.returncode is None
+
+
+# --- the admin endpoint ----------------------------------------------------------------------------
+
+
+def _http(admin: str, method: str, path: str, body: bytes | None = None, **headers: str) -> tuple[int, bytes]:
+    import http.client
+
+    connection = http.client.HTTPConnection(admin, timeout=10)
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_admin_endpoint_needs_its_token_and_refuses_cross_site_requests(qpid_flow_process: StartRouter) -> None:
+    admin = f"127.0.0.1:{free_port()}"
+    # The environment wins over the file: the suite may set a token for every router it runs.
+    token = os.environ.get("QPID_FLOW_ADMIN_TOKEN", "s3cret-token")
+    router = qpid_flow_process(config_text=f'admin_token = "{token}"\n', extra_args=["--admin", admin])
+    producer = connect(router.url)
+    sender = producer.create_sender("admin.guarded")
+    sender.send(Message(body="before"))
+    json_body = {"Content-Type": "application/json"}
+    # No token, a wrong token: refused, and nothing stopped.
+    assert _http(admin, "POST", "/v1/producers/stop", b'{"pattern": ">"}', **json_body)[0] == 401
+    wrong = {**json_body, "Authorization": "Bearer guess"}
+    assert _http(admin, "POST", "/v1/producers/stop", b"{}", **wrong)[0] == 401
+    # The attack of the issue: a page on another site posting text/plain (no preflight needed).
+    cross_site = {"Content-Type": "text/plain", "Origin": "http://evil.example"}
+    assert _http(admin, "POST", "/v1/producers/stop", b"{}", **cross_site)[0] in (403, 415)
+    with_token_cross_site = {**cross_site, "Authorization": f"Bearer {token}"}
+    assert _http(admin, "POST", "/v1/producers/stop", b"{}", **with_token_cross_site)[0] in (403, 415)
+    assert _http(admin, "OPTIONS", "/v1/producers/stop", **{"Origin": "http://evil.example"})[0] in (403, 405)
+    sender.send(Message(body="still flowing"))  # none of the above stopped anything
+    # Reads on loopback need no token; a change with the token works.
+    assert _http(admin, "GET", "/v1/destinations")[0] == 200
+    right = {**json_body, "Authorization": f"Bearer {token}"}
+    everything = b'{"pattern": ">"}'
+    status, answer = _http(admin, "POST", "/v1/producers/stop", everything, **right)
+    assert status == 200, answer
+    assert _http(admin, "POST", "/v1/producers/start", everything, **right)[0] == 200
+    producer.close()
