@@ -6,11 +6,14 @@ Environment knobs:
   need one they control; the compose test image installs rabbitmq-server for that.
 - QPID_FLOW_TEST_BROKER=docker  with a reachable Docker engine, brokers are rabbitmq:3.10
   containers instead of the local Debian rabbitmq-server.
+Set here: QPID_FLOW_ADMIN_TOKEN, a fresh admin token for every qpid-flow the tests start and
+every `qpid-flow` client command they run (both inherit the environment).
 A missing rabbitmq-server or Proton C toolchain is an error (with the install hint), never a skip.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
@@ -19,10 +22,21 @@ import pytest
 from .harness.broker import Broker, BrokerError
 from .harness.cexamples import ProtonCExamples, build_examples
 from .harness.rabbitmq import make_broker
-from .harness.router import RouterProcess, StartRouter, start_router
+from .harness.router import ADMIN_TOKEN_VARIABLE, RouterProcess, StartRouter, start_router
 
 _ROUTERS = pytest.StashKey[list[RouterProcess]]()
 _BROKERS = pytest.StashKey[list[Broker]]()
+
+
+@pytest.fixture(scope="package", autouse=True)
+def admin_token() -> Iterator[str]:
+    """The admin token of this package's tests, in the environment while they run: routers
+    started here read it (admin_token), and the CLI subprocesses send it. Package scope, so
+    that unit tests run in the same session never see it."""
+    token = secrets.token_urlsafe(24)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ADMIN_TOKEN_VARIABLE, token)
+        yield token
 
 
 def _start_broker(*, controllable: bool) -> Broker:

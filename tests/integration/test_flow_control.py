@@ -6,10 +6,12 @@ The numbers are seed 000's: max 1000, stop at 900, resume at 500.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from typing import Any
@@ -20,6 +22,7 @@ from proton.reactor import Container
 
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
+from .harness.router import ADMIN_TOKEN_VARIABLE, admin_request
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +36,7 @@ class Router:
         self.admin = admin
 
     def stat(self, name: str) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://{self.admin}/v1/destinations", timeout=10) as response:
+        with urllib.request.urlopen(admin_request(self.admin, "/v1/destinations"), timeout=10) as response:
             records = json.load(response)["destinations"]
         return next(r for r in records if r["name"] == name)
 
@@ -300,6 +303,35 @@ def test_stat_cli_prints_one_record_per_destination(start_router) -> None:
     assert records[name]["maxCount"] == 1000
     for field in ("depth", "bytes", "flowStoppedCount", "producers", "producersBlocked", "consumers"):
         assert field in records[name]
+
+
+def test_admin_changes_need_the_token_and_a_web_page_cannot_send_them(qpid_flow_process) -> None:
+    name = unique("admin-token")
+    admin = f"127.0.0.1:{free_port()}"
+    router = Router(qpid_flow_process(config_text=seed_config(name), extra_args=["--admin", admin]), admin)
+    # The CLI without the token: refused, in one line that says what to set.
+    env = {k: v for k, v in os.environ.items() if k != ADMIN_TOKEN_VARIABLE}
+    refused = subprocess.run(
+        [sys.executable, "-m", "qpid_flow", "producers", "stop", name, "--admin", admin],
+        capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "(401)" in refused.stderr and ADMIN_TOKEN_VARIABLE in refused.stderr
+    # What any web page can send without a preflight: a text/plain POST from its own origin.
+    attack = urllib.request.Request(
+        f"http://{admin}/v1/producers/stop",
+        data=json.dumps({"pattern": name}).encode(),
+        headers={"Content-Type": "text/plain", "Origin": "http://evil.example"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(attack, timeout=10)
+    assert caught.value.code == 403
+    assert router.stat(name)["producersStopped"] is False
+    # With the session's token (inherited from the environment) the same change is done.
+    done = router.cli("producers", "stop", name)
+    assert done.returncode == 0, done.stderr
+    assert router.stat(name)["producersStopped"] is True
 
 
 def test_memory_limit_stops_all_producer_credit(qpid_flow_process) -> None:

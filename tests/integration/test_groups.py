@@ -23,6 +23,7 @@ from proton import Message
 
 from .clients import Producer, run_all, unique
 from .harness.net import free_port
+from .harness.router import admin_request
 
 pytestmark = pytest.mark.integration
 
@@ -218,7 +219,7 @@ def test_groups_cli_lists_each_group_with_owner_held_and_waiting(qpid_flow_proce
         "a": (None, 0, 3),
         "b": (None, 0, 3),
     }
-    with urllib.request.urlopen(f"http://{admin}/v1/destinations/carts", timeout=10) as response:
+    with urllib.request.urlopen(admin_request(admin, "/v1/destinations/carts"), timeout=10) as response:
         record = json.load(response)
     assert record["groups"] == 2 and record["groupHeader"] == "JMSXGroupID"
 

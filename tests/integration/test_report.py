@@ -18,6 +18,7 @@ import pytest
 
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
+from .harness.router import admin_request
 from .test_flow_control import seed_config, wait_until_quiet
 from .test_groups import group_messages, grouped_config, kill_after, read_records, start_consumer, wait_all
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 
 def stat(admin: str, name: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://{admin}/v1/destinations", timeout=10) as response:
+    with urllib.request.urlopen(admin_request(admin, "/v1/destinations"), timeout=10) as response:
         return next(r for r in json.load(response)["destinations"] if r["name"] == name)
 
 

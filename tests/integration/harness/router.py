@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -15,6 +16,20 @@ from typing import Protocol
 from .net import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+# The admin token every qpid-flow of the test session runs with, and that `qpid-flow` client
+# subprocesses send: tests/integration/conftest.py sets it for the whole session, and child
+# processes inherit it. Changes through the admin endpoint need it.
+ADMIN_TOKEN_VARIABLE = "QPID_FLOW_ADMIN_TOKEN"
+
+
+def admin_request(admin: str, path: str) -> urllib.request.Request:
+    """A request to `http://ADMIN/PATH` with the session's admin token, for `urlopen`."""
+    request = urllib.request.Request(f"http://{admin}{path}")
+    token = os.environ.get(ADMIN_TOKEN_VARIABLE)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    return request
 
 
 class StartRouter(Protocol):
