@@ -74,7 +74,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     serve.add_argument(
         "--admin",
         metavar="HOST:PORT",
-        help="serve the HTTP admin endpoint here, e.g. 127.0.0.1:8673 (default: none; no authentication)",
+        help=(
+            "serve the HTTP admin endpoint here, e.g. 127.0.0.1:8673 (default: none); "
+            "changes need admin_token (or QPID_FLOW_ADMIN_TOKEN), see docs/security.md"
+        ),
     )
     serve.add_argument(
         "--events",
