@@ -278,6 +278,11 @@ def test_acl_standalone(
         bystander.create_sender("a.standalone")
     assert refusal_of(bob_refused.value) == UNAUTHORIZED
     round_trip(bystander, "public.still-fine")
+    # rhea sees the same refusal on its link, and the allowed address works for it.
+    denied = run_rhea(router.url("alice", "alice-secret"), "send", "b.rhea", "1")
+    assert ["link", UNAUTHORIZED] in denied["errors"] and denied["outcomes"] == {}, denied
+    allowed = run_rhea(router.url("alice", "alice-secret"), "send", "a.rhea", "1")
+    assert allowed["outcomes"] == {"accepted": 1}, allowed
 
 
 def test_acl_in_front_of_rabbitmq(
