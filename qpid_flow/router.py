@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from cproton import pn_link_credit
-from proton import Condition, Endpoint, Handler, Link, SymbolList
+from proton import Condition, Endpoint, Handler, Link, SymbolList, Terminus, symbol
 
-from qpid_flow import codec
+from qpid_flow import __version__, codec
 from qpid_flow.access import ANONYMOUS_USER, AccessPolicy, ConnectionLimits, Direction
 from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
 from qpid_flow.guard import contain_errors
@@ -78,6 +78,7 @@ class Router(Handler):
         self._delayed: dict[str, list[tuple[Message, Settlement]]] = {}
         self._tags = itertools.count(1)
         self.connections: set[Connection] = set()
+        self.container_id = "qpid-flow"  # the server's set it to its own (host and pid)
         self.access = AccessPolicy(config.acl)
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_user)
 
@@ -91,6 +92,9 @@ class Router(Handler):
         conn = event.connection
         if conn.state & Endpoint.LOCAL_UNINIT:
             conn.qf_id = f"c{next(_connection_ids)}"
+            # What a broker says of itself: clients and test suites (qpid-interop-test) log it.
+            conn.container = self.container_id
+            conn.properties = {symbol("product"): "qpid-flow", symbol("version"): __version__}
             conn.offered_capabilities = SymbolList([ANONYMOUS_RELAY])
             conn.open()
             if not self.admit_connection(conn):
@@ -231,6 +235,11 @@ class Router(Handler):
         log.info("link_refused", link=link.name, condition=condition, description=description)
 
     def _attach_producer(self, link: Link) -> None:
+        if link.remote_target.type == Terminus.COORDINATOR:
+            # Transactions are not implemented standalone: say so at once, rather than
+            # take the declare as an anonymous-relay transfer and leave the client waiting.
+            self._refuse_link(link, "amqp:not-implemented", "transactions are not supported")
+            return
         address = link.remote_target.address or None
         destination = None
         if address is not None:

@@ -73,6 +73,7 @@ class Server(Handler):
                 on_link_failed=lambda *failure: self.router.upstream_link_failed(*failure),
             )
             self.router = BrokerRouter(config, self.hooks, self.destinations, self.group_reader, self.memory)
+        self.router.container_id = self.container.container_id
         self.backend: Backend = self.router.backend
         self.bridge = ReactorBridge()
         # TLS contexts and the users file are read now: a bad file stops the start.

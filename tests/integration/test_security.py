@@ -13,13 +13,13 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Connection, ConnectionException, Delivery, Endpoint, Message, SSLDomain, Transport
+from proton import ConnectionException, Delivery, Endpoint, Message, SSLDomain
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
 from qpid_flow.users import UsersFile
@@ -28,6 +28,7 @@ from .harness.broker import Broker, BrokerError
 from .harness.certs import Certificates, foreign_client, make_certificates
 from .harness.net import free_port
 from .harness.rabbitmq import RabbitMQBroker
+from .harness.rawclient import RawClient
 from .harness.router import RouterProcess, StartRouter
 from .harness.scenario import run_rhea
 
@@ -349,39 +350,6 @@ def test_session_and_link_limits(qpid_flow_process: StartRouter, certificates: C
     connection.close()
     # Sessions: Proton's BlockingConnection opens one per link; a raw engine checks the end.
     assert _session_refusal(router.plain, sessions=3) == [None, None, RESOURCE_LIMIT]
-
-
-class RawClient:
-    """A Proton engine pumped by hand over a socket: the test decides when it talks, and
-    can fall silent (no heartbeats) to play a dead peer."""
-
-    def __init__(self, port: int) -> None:
-        self.transport = Transport()
-        self.connection = Connection()
-        self.transport.bind(self.connection)
-        self.transport.sasl().allowed_mechs("ANONYMOUS")
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.sock.settimeout(0.1)
-
-    def pump(self, until: Callable[[], Any], timeout: float = 10) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not until():
-            pending = self.transport.pending()
-            if pending > 0:
-                self.sock.sendall(self.transport.peek(pending))
-                self.transport.pop(pending)
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                continue
-            if not data:
-                self.transport.close_tail()
-                break
-            self.transport.push(data)
-        return bool(until())
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _session_refusal(port: int, sessions: int) -> list[str | None]:
