@@ -52,9 +52,8 @@ class Destination:
         self._clock = clock
         self._memory = memory
         # Waiting for a consumer; a plugin may install another kind (message groups).
-        self.queue: MessageQueue = FifoQueue(hooks.consumer_select, lookahead)
-        # The consumer-selection hook, for queues that plugins install.
-        self.queue_select = hooks.consumer_select
+        self._turn = 0
+        self.queue: MessageQueue = FifoQueue(self.queue_select, lookahead)
         self.consumers: list[Consumer] = []
         self.producers: set[Producer] = set()
         # Depth counts every message admitted and not yet dequeued: waiting ones and those
@@ -84,6 +83,15 @@ class Destination:
         return self._hooks
 
     # --- room ---------------------------------------------------------------------------
+
+    def queue_select(self, *, destination: Destination, message: Message, consumers: list[Consumer]) -> Any:
+        """The consumer-selection hook, as queues call it (plugins' queues too). ``None``
+        from every plugin is no opinion: the consumers take turns."""
+        choice = self._hooks.consumer_select(destination=destination, message=message, consumers=consumers)
+        if choice is None:
+            self._turn += 1
+            return consumers[self._turn % len(consumers)]
+        return choice
 
     def has_room_for(self, message: Message) -> bool:
         """False when ``message`` would take the destination past ``max_count`` / ``max_size``."""
@@ -139,7 +147,7 @@ class Destination:
 
     def replace_queue(self, queue: MessageQueue | None = None) -> None:
         """Switch to another kind of queue (None: plain FIFO), keeping the waiting messages."""
-        new = queue if queue is not None else FifoQueue(self._hooks.consumer_select)
+        new = queue if queue is not None else FifoQueue(self.queue_select)
         for message in self.queue:
             new.append(message)
         self.queue = new

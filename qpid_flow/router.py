@@ -20,6 +20,7 @@ from proton import Condition, Endpoint, Handler, Link, SymbolList, Terminus, sym
 
 from qpid_flow import __version__, codec
 from qpid_flow.access import ANONYMOUS_USER, AccessPolicy, ConnectionLimits, Direction
+from qpid_flow.credit import window_need
 from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
 from qpid_flow.guard import contain_errors
 from qpid_flow.memory import MemoryMeter
@@ -494,6 +495,8 @@ class Router(Handler):
             return
         destination = self.destinations.find(producer.address) if producer.address else None
         credit = self.hooks.producer_credit(producer=producer, destination=destination)
+        if credit is None:  # no plugin has an opinion: a plain window
+            credit = window_need(self.config.producer_window, producer)
         if credit:
             link.flow(credit)
             producer.credit += credit

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from qpid_flow import hookimpl
-from qpid_flow.builtin.passthrough import window_need
 from qpid_flow.config import build_config, pattern_matches
+from qpid_flow.credit import window_need
 from qpid_flow.flow import FlowState, FlowTransition
 from qpid_flow.model import Hold, Outcome, Reject
 
@@ -205,11 +205,15 @@ class Plugin:
         limits = entry.state.limits
         if not limits.enabled:
             return need
-        headroom = entry.state.headroom(destination.depth, destination.bytes, destination.largest_message)
+        # Until a message of this destination has been seen its size is unknown: assume
+        # the size that lets a full window in below the stop size, so the first grant is a
+        # normal window (a client may send only in its first on_sendable). The depth can
+        # then pass the stop size once, by at most that first window; every later grant
+        # is sized by the largest message seen.
+        message_size = destination.largest_message or max(1, limits.stop_size // (self._window + 1))
+        headroom = entry.state.headroom(destination.depth, destination.bytes, message_size)
         if headroom is None:
             return need
-        if limits.stop_size and not destination.largest_message:
-            headroom = min(headroom, 1)  # no size seen yet: one at a time until we know
         outstanding = sum(p.credit for p in destination.producers)
         grant = min(need, headroom - outstanding)
         if grant < need:

@@ -12,23 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qpid_flow import hookimpl
+from qpid_flow.credit import window_need
 from qpid_flow.model import ADMIT, Producer
 
 if TYPE_CHECKING:
     from qpid_flow.config import RouterConfig
     from qpid_flow.destination import Destination
     from qpid_flow.model import Consumer, Decision
-
-
-def window_need(window: int, producer: Producer) -> int:
-    """Credit that tops a producer up to ``window`` (credit held + transfers unsettled).
-
-    Top up in batches of at least half a window: one flow frame per many messages.
-    """
-    missing = window - producer.credit - producer.unsettled
-    if missing <= 0 or (missing * 2 < window and producer.credit > 0):
-        return 0
-    return missing
 
 
 class Plugin:

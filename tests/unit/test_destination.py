@@ -148,3 +148,19 @@ def test_forget_drops_waiting_and_held_messages_without_outcome(hooks: Hooks) ->
     # The broker still has them: they still count, but qpid-flow no longer holds them.
     assert dest.depth == 4
     assert len(dest.queue) + len(consumer.held) == 2
+
+
+def test_no_opinion_from_any_plugin_means_consumers_take_turns() -> None:
+    """Issue 16: with the built-in pass-through policy disabled (docs/plugins.md allows it),
+    None from qpid_flow_consumer_select is "no opinion", as in every question hook: the
+    consumers take turns rather than every message waiting forever."""
+    hooks = Hooks(build_plugin_manager(disabled=["passthrough"]))
+    destination = make(hooks)
+    wire = Wire()
+    first, second = Consumer("q", wire.deliver), Consumer("q", wire.deliver)
+    for consumer in (first, second):
+        destination.add_consumer(consumer)
+        destination.credit_changed(consumer, 10)
+    for n in range(4):
+        destination.enqueue(msg(n))
+    assert [len(c.held) for c in (first, second)] == [2, 2]

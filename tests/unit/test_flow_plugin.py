@@ -61,11 +61,11 @@ def attach(registry: Destinations, address: str | None) -> Producer:
     return producer
 
 
-def fill(registry: Destinations, address: str, count: int) -> None:
+def fill(registry: Destinations, address: str, count: int, size: int = 10) -> None:
     destination = registry.get(address)
     assert destination is not None
     for _ in range(count):
-        destination.enqueue(Message(b"x" * 10, address))
+        destination.enqueue(Message(b"x" * size, address))
 
 
 def test_credit_never_exceeds_the_headroom_across_producers() -> None:
@@ -164,13 +164,19 @@ def test_statistics_carry_the_flow_fields() -> None:
     assert (record["flowStopCount"], record["flowResumeCount"], record["depth"]) == (900, 500, 901)
 
 
-def test_with_a_size_threshold_and_no_size_seen_yet_credit_goes_one_at_a_time() -> None:
+def test_with_a_size_threshold_and_no_size_seen_yet_the_first_grant_is_a_full_window() -> None:
+    """Issue 16: a client that sends only in its first on_sendable (qpid-interop-test's
+    shims) must not get one credit; the size estimate fits a window below the stop size."""
     hooks, registry, _, _ = setup({"destinations": {"big": {"flow_stop_size": "8 KB", "flow_resume_size": "6 KB"}}})
     destination = registry.get("big")
+    assert destination is not None
     producer = attach(registry, "big")
-    assert hooks.producer_credit(producer=producer, destination=destination) == 1
-    fill(registry, "big", 1)  # 10-byte messages: (8192 - 10) // 10 + 1 = 819 more fit
     assert hooks.producer_credit(producer=producer, destination=destination) == 100
+    producer.credit = 100
+    fill(registry, "big", 1, size=4000)  # one message seen: later grants go by its size
+    other = attach(registry, "big")
+    # (8192 - 4000) // 4000 + 1 = 2 fit; the first producer's 100 outstanding take them all.
+    assert hooks.producer_credit(producer=other, destination=destination) == 0
 
 
 def test_a_producer_leaving_wakes_those_that_went_short() -> None:
