@@ -18,8 +18,10 @@ from typing import Any
 __all__ = [
     "MalformedMessage",
     "application_property",
+    "expiry_time",
     "group_id",
     "properties_field",
+    "redelivered",
     "to_address",
 ]
 
@@ -267,3 +269,83 @@ def group_id(buf: bytes, header: str | None = None) -> Any:
     if header is None:
         return properties_field(buf, "group_id")
     return application_property(buf, header)
+
+
+# --- the header section: expiry and redelivery -----------------------------------------------
+
+_HEADER_FIELD_COUNT = 5  # durable, priority, ttl, first-acquirer, delivery-count
+
+
+def _header(buf: bytes) -> tuple[list[Any], int] | None:
+    """The header's five fields (None where absent) and where the next section starts;
+    None when the message has no header (it can only be the first section)."""
+    if len(buf) < 3 or buf[0] != 0x00:
+        return None
+    code, value_pos = _section_code(buf, 0)
+    if code != _HEADER:
+        return None
+    end = skip(buf, value_pos)
+    fields: list[Any] = [None] * _HEADER_FIELD_COUNT
+    list_code = buf[value_pos]
+    if list_code == 0x45:
+        return fields, end
+    if list_code not in (0xC0, 0xD0):
+        raise MalformedMessage("the header section is not a list")
+    _width, count, pos = _size_and_count(buf, value_pos + 1, list_code)
+    for index in range(min(count, _HEADER_FIELD_COUNT)):
+        fields[index] = decode_scalar(buf, pos)
+        pos = skip(buf, pos)
+    return fields, end
+
+
+def expiry_time(buf: bytes, received: float) -> float | None:
+    """When the message expires, in seconds since the epoch: the header's ``ttl``
+    (milliseconds, counted from ``received``, when it arrived here) or the properties'
+    ``absolute-expiry-time``, whichever comes first; None if it never expires."""
+    try:
+        header = _header(buf)
+        ttl = header[0][2] if header is not None else None
+        absolute = properties_field(buf, "absolute_expiry_time")
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    times = []
+    if isinstance(ttl, int) and ttl > 0:
+        times.append(received + ttl / 1000.0)
+    if isinstance(absolute, int) and absolute > 0:
+        times.append(absolute / 1000.0)
+    return min(times) if times else None
+
+
+def redelivered(buf: bytes, failed_attempts: int) -> bytes:
+    """The message as it goes out again: ``delivery-count`` raised by ``failed_attempts``
+    and ``first-acquirer`` false (AMQP 1.0 3.2.1). Unchanged bytes when neither changes."""
+    try:
+        header = _header(buf)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    empty: list[Any] = [None] * _HEADER_FIELD_COUNT
+    fields, rest = header if header is not None else (empty, 0)
+    if not failed_attempts and fields[3] is not True:
+        return buf
+    fields[3] = False
+    fields[4] = (fields[4] if isinstance(fields[4], int) else 0) + failed_attempts
+    return _encode_header(fields) + buf[rest:]
+
+
+def _encode_header(fields: list[Any]) -> bytes:
+    durable, priority, ttl, first_acquirer, delivery_count = fields
+    parts = [
+        _encode_bool(durable),
+        b"\x40" if not isinstance(priority, int) else b"\x50" + bytes((priority & 0xFF,)),
+        b"\x40" if not isinstance(ttl, int) else b"\x70" + _U32.pack(ttl & 0xFFFFFFFF),
+        _encode_bool(first_acquirer),
+        b"\x70" + _U32.pack(min(delivery_count, 0xFFFFFFFF)),
+    ]
+    body = b"".join(parts)
+    return b"\x00\x53\x70\xc0" + bytes((len(body) + 1, _HEADER_FIELD_COUNT)) + body
+
+
+def _encode_bool(value: Any) -> bytes:
+    if value is None:
+        return b"\x40"
+    return b"\x41" if value else b"\x42"

@@ -32,6 +32,7 @@ DEFAULT_LOOKAHEAD = 1000
 
 RING_DROPPED = Settlement(Outcome.REJECTED, "qpid-flow:ring-dropped", "dropped to make room on a ring destination")
 PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator")
+EXPIRED = Settlement(Outcome.REJECTED, "qpid-flow:expired", "its time to live ran out before it was delivered")
 
 
 class Destination:
@@ -65,6 +66,8 @@ class Destination:
         self.enqueued_total = 0
         self.dequeued_total = 0
         self.ring_dropped = 0
+        self.expired = 0
+        self.expiring = False  # a message with a time to live has been here: sweep it
         self.largest_message = 0  # for estimating how many more messages fit in bytes
         # In front of a broker: forwarded, and the broker has not given its outcome yet.
         self.in_flight = 0
@@ -178,6 +181,7 @@ class Destination:
         for message in sorted(messages, key=_sequence_of, reverse=True):
             if consumer.held.pop(message.sequence, None) is None:
                 continue
+            message.failed_attempts += 1  # handed out, never settled: a failed attempt
             self.queue.released(consumer, message)
             self.queue.requeue(message)
             self._hooks.message_settled(destination=self, message=message, consumer=None, settlement=released)
@@ -200,6 +204,12 @@ class Destination:
             self.queue.dispatch(self, ready, self._send)
 
     def _send(self, consumer: Consumer, message: Message) -> None:
+        if message.expires is not None and message.expires <= time.time():
+            # Chosen, but never delivered: it leaves as expired and the credit stays.
+            self.queue.released(consumer, message, True)
+            self.expired += 1
+            self._dequeue(message, None, EXPIRED)
+            return
         consumer.credit -= 1
         message.delivery_count += 1
         if consumer.presettled:
@@ -227,6 +237,8 @@ class Destination:
             if self.queue:
                 self.dispatch()  # settling may free a message group for others
             return
+        if settlement.delivery_failed:
+            message.failed_attempts += 1  # modified(delivery-failed); released does not count
         self.queue.requeue(message)
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
         self.dispatch()
@@ -247,6 +259,15 @@ class Destination:
         self.ring_dropped += 1
         self._dequeue(message, None, RING_DROPPED)
         return True
+
+    def expire(self, now: float) -> int:
+        """Take out waiting messages whose time to live ran out (those consumers hold are
+        checked if they come back). Returns how many."""
+        gone = self.queue.remove_where(lambda m: m.expires is not None and m.expires <= now)
+        for message in gone:
+            self.expired += 1
+            self._dequeue(message, None, EXPIRED)
+        return len(gone)
 
     def purge(self) -> int:
         """Drop every waiting message (not those consumers hold). Returns how many."""
@@ -315,6 +336,7 @@ class Destination:
             "enqueued": self.enqueued_total,
             "dequeued": self.dequeued_total,
             "ringDropped": self.ring_dropped,
+            "expired": self.expired,
             "producers": len(self.producers),
             "consumers": len(self.consumers) + self.mirrored_consumers,
             "maxCount": self.policy.max_count or 0,

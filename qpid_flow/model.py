@@ -83,6 +83,8 @@ class Message:
         "data",
         "delivery_count",
         "enqueued_at",
+        "expires",
+        "failed_attempts",
         "on_dequeue",
         "origin",
         "producer_id",
@@ -114,7 +116,11 @@ class Message:
         self.upstream_epoch = 0
         # Queue order: released messages go back in front of later ones by this number.
         self.sequence = next(_message_sequence)
-        self.delivery_count = 0
+        self.delivery_count = 0  # times handed to a consumer
+        # Deliveries that failed (modified delivery-failed, or a consumer gone without
+        # settling): what a redelivery adds to the header's delivery-count.
+        self.failed_attempts = 0
+        self.expires: float | None = None  # seconds since the epoch; None: never
         self.enqueued_at = 0.0
         # The queue's own note on the message while a consumer holds it (a grouped queue:
         # the group it went out in); opaque to everyone else.
@@ -130,6 +136,16 @@ class Message:
             except codec.MalformedMessage:
                 self._group_id = None
         return self._group_id
+
+    def wire(self) -> bytes:
+        """The bytes to send a consumer now: as received, but a redelivery says so in its
+        header (delivery-count, first-acquirer). Decoded only for redeliveries."""
+        if self.delivery_count <= 1:
+            return self.data
+        try:
+            return codec.redelivered(self.data, self.failed_attempts)
+        except codec.MalformedMessage:
+            return self.data  # a header qpid-flow cannot read is passed on as it is
 
     def __repr__(self) -> str:
         return f"<Message #{self.sequence} to {self.address!r} {self.size} bytes>"

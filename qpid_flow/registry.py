@@ -71,6 +71,10 @@ class Destinations:
                 changed.append(destination)
         return changed
 
+    def expire(self, now: float) -> int:
+        """Drop the waiting messages whose time to live ran out, everywhere; how many."""
+        return sum(d.expire(now) for d in list(self._by_address.values()) if d.expiring)
+
     def __iter__(self) -> Iterator[Destination]:
         return iter(list(self._by_address.values()))
 

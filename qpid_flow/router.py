@@ -575,7 +575,7 @@ class Router(Handler):
     def _deliver(self, consumer: Consumer, message: Message) -> None:
         link = self._consumers[consumer.id][1]
         delivery = new_delivery(link, str(next(self._tags)))
-        send_transfer(link, message.data)
+        send_transfer(link, message.wire())
         if consumer.presettled:
             delivery.settle()
         else:

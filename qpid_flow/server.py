@@ -42,6 +42,9 @@ __all__ = ["Server"]
 log = structlog.get_logger("qpid_flow.server")
 
 _SHUTDOWN_POLL = 0.05
+# How often waiting messages are checked for expiry (a message is also checked when it is
+# about to be delivered, so a consumer never gets an expired one whatever this is).
+_HOUSEKEEPING_INTERVAL = 1.0
 
 
 class Server(Handler):
@@ -118,6 +121,8 @@ class Server(Handler):
             plugins=sorted(name for name, _ in self.hooks.pm.list_name_plugin()),
         )
         self.hooks.started(control=self.control)
+        if self.config.broker is None:
+            self.container.schedule(_HOUSEKEEPING_INTERVAL, _Housekeeping(self.container, self.destinations))
         self.destinations.create_configured()
         # What start-up built (modules, plugins, configuration) lives as long as the
         # process: keep it out of the cyclic collector's full passes, which otherwise walk
@@ -197,6 +202,20 @@ def _load_users(path: str) -> Any:
     from qpid_flow.users import UsersFile  # read only when a users file is configured
 
     return UsersFile.load(path)
+
+
+class _Housekeeping(Handler):
+    """Standalone upkeep, once a second: expired messages leave (their room frees, so flow
+    control can resume producers even with no consumer)."""
+
+    def __init__(self, container: Container, destinations: Destinations) -> None:
+        super().__init__()
+        self._container = container
+        self._destinations = destinations
+
+    def on_timer_task(self, _event: Any) -> None:
+        self._destinations.expire(time.time())
+        self._container.schedule(_HOUSEKEEPING_INTERVAL, self)
 
 
 class _Stop(Handler):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
+from qpid_flow import codec
 from qpid_flow.model import Outcome, Settlement
 
 if TYPE_CHECKING:
@@ -26,6 +28,12 @@ class StandaloneBackend:
         pass
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
+        try:
+            message.expires = codec.expiry_time(message.data, time.time())
+        except codec.MalformedMessage:
+            message.expires = None  # not for qpid-flow to judge: it is passed on as sent
+        if message.expires is not None:
+            destination.expiring = True
         if not destination.has_room_for(message) and destination.policy.policy == "ring":
             # A ring keeps the newest messages: make room by dropping the oldest waiting.
             while not destination.has_room_for(message) and destination.drop_oldest():

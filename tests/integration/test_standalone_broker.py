@@ -3,9 +3,16 @@ by real clients: the open frame, refused transactions, ..."""
 
 from __future__ import annotations
 
-from proton import Endpoint, Message, Terminus
+import json
+import os
+import time
+import urllib.request
+from typing import Any
+
+from proton import Delivery, Endpoint, Message, Terminus
 from proton.utils import BlockingConnection
 
+from .harness.net import free_port
 from .harness.rawclient import RawClient
 from .harness.router import StartRouter
 from .harness.scenario import run_rhea
@@ -70,3 +77,60 @@ def test_first_credit_on_a_new_destination_is_a_full_window(qpid_flow_process: S
         assert sender.link.credit == 100
     finally:
         connection.close()
+
+
+def test_expired_messages_are_never_delivered_and_counted(qpid_flow_process: StartRouter) -> None:
+    """A 1 s time to live: after 2.5 s the message is gone, whoever asks (Proton and rhea),
+    and the statistics count it; a message without one waits as long as it takes."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(extra_args=["--admin", admin])
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender("ttl.q")
+        sender.send(Message(body="short-lived", ttl=1.0))
+        sender.send(Message(body="kept"))
+        sender.send(Message(body="short-lived too", ttl=1.0))
+        time.sleep(2.5)
+        received = run_rhea(router.url, "receive", "ttl.q", "3", "3000")
+        assert received["received"] == ["kept"], received
+        stats = _destination(admin, "ttl.q")
+        assert (stats["expired"], stats["depth"]) == (2, 0)
+        sender.send(Message(body="expires in a minute", ttl=60.0))
+        receiver = connection.create_receiver("ttl.q")
+        assert receiver.receive(timeout=10).body == "expires in a minute"
+        receiver.accept()
+    finally:
+        connection.close()
+
+
+def test_delivery_count_rises_on_failed_deliveries_only(qpid_flow_process: StartRouter) -> None:
+    router = qpid_flow_process()
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        connection.create_sender("count.q").send(Message(body="counted"))
+        receiver = connection.create_receiver("count.q", credit=1)
+        first = receiver.receive(timeout=10)
+        assert first.delivery_count == 0
+        receiver.release(delivered=False)  # released: not a failed attempt
+        again = receiver.receive(timeout=10)
+        assert (again.delivery_count, again.first_acquirer) == (0, False)
+        # modified with delivery-failed set (Proton's release(delivered=True) leaves it unset)
+        delivery = receiver.fetcher.unsettled.popleft()
+        delivery.local.failed = True
+        delivery.update(Delivery.MODIFIED)
+        delivery.settle()
+        third = receiver.receive(timeout=10)
+        assert third.delivery_count == 1 and third.body == "counted"
+        receiver.accept()
+    finally:
+        connection.close()
+
+
+def _destination(admin: str, name: str) -> dict[str, Any]:
+    request = urllib.request.Request(f"http://{admin}/v1/destinations/{name}")
+    token = os.environ.get("QPID_FLOW_ADMIN_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        record: dict[str, Any] = json.loads(response.read())
+    return record

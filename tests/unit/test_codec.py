@@ -67,3 +67,29 @@ def test_truncated_encoding_is_refused(cut: int) -> None:
 def test_garbage_is_refused() -> None:
     with pytest.raises(codec.MalformedMessage):
         codec.to_address(b"\x01\x02\x03garbage")
+
+
+# --- expiry and redelivery (issue 16) ---------------------------------------------------------
+
+
+def test_expiry_from_ttl_counts_from_arrival_and_absolute_time_wins_if_sooner() -> None:
+    assert codec.expiry_time(Message(body="x", ttl=1.5).encode(), 1000.0) == 1001.5
+    assert codec.expiry_time(Message(body="x").encode(), 1000.0) is None
+    both = Message(body="x", ttl=60, expiry_time=1010.0).encode()
+    assert codec.expiry_time(both, 1000.0) == 1010.0
+
+
+def test_redelivery_raises_delivery_count_and_clears_first_acquirer() -> None:
+    original = Message(body="hello", durable=True, priority=7, ttl=2.0, first_acquirer=True, delivery_count=3)
+    original.address = "q"
+    again = Message()
+    again.decode(codec.redelivered(original.encode(), 2))
+    assert (again.delivery_count, again.first_acquirer) == (5, False)
+    assert (again.durable, again.priority, again.ttl, again.body, again.address) == (True, 7, 2.0, "hello", "q")
+    plain = Message(body="no header").encode()
+    assert codec.redelivered(plain, 0) is plain  # a released message goes out unchanged
+    counted = Message()
+    counted.decode(codec.redelivered(plain, 1))
+    assert (counted.delivery_count, counted.body) == (1, "no header")
+    with pytest.raises(codec.MalformedMessage):
+        codec.redelivered(b"\x00\x53\x70\xc0\x05", 1)

@@ -164,3 +164,43 @@ def test_no_opinion_from_any_plugin_means_consumers_take_turns() -> None:
     for n in range(4):
         destination.enqueue(msg(n))
     assert [len(c.held) for c in (first, second)] == [2, 2]
+
+
+def test_an_expired_message_is_never_delivered_and_leaves_counted(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    stale, fresh, later = msg(1), msg(2), msg(3)
+    stale.expires, later.expires = 1.0, 4e9  # long gone; far in the future
+    for message in (stale, fresh, later):
+        dest.enqueue(message)
+    dest.credit_changed(consumer, 2)
+    assert [m for _, m in wire.sent] == [fresh, later]
+    assert consumer.credit == 0  # the expired one took no credit
+    assert (dest.expired, dest.depth) == (1, 2)
+
+
+def test_waiting_messages_expire_without_a_consumer(hooks: Hooks) -> None:
+    dest = make(hooks)
+    for n, expires in enumerate([10.0, None, 30.0]):
+        message = msg(n)
+        message.expires = expires
+        dest.enqueue(message)
+    assert dest.expire(now=20.0) == 1
+    assert (dest.depth, dest.expired, dest.stats()["expired"]) == (2, 1, 1)
+
+
+def test_only_failed_deliveries_count_towards_delivery_count(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    message = msg(1)
+    dest.enqueue(message)
+    dest.credit_changed(consumer, 10)
+    dest.settle(consumer, message, Settlement.released())
+    assert message.failed_attempts == 0  # released: not an attempt that failed
+    dest.settle(consumer, message, Settlement(Outcome.MODIFIED, delivery_failed=True))
+    assert message.failed_attempts == 1
+    dest.remove_consumer(consumer)  # held, never settled: counts too
+    assert message.failed_attempts == 2
+    assert message.delivery_count == 3  # three times handed out
