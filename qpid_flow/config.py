@@ -383,6 +383,7 @@ class RouterConfig:
     max_sessions_per_connection: int = 0
     max_links_per_connection: int = 0
     idle_timeout: float = 60.0
+    destination_idle_timeout: float = 60.0  # forget auto-created destinations unused this long; 0: never
     sasl_timeout: float = 10.0
     admin_token: str | None = None
     destinations: dict[str, DestinationPolicy] = field(default_factory=dict)
@@ -506,6 +507,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "max_sessions_per_connection": _non_negative_int,
     "max_links_per_connection": _non_negative_int,
     "idle_timeout": parse_duration,
+    "destination_idle_timeout": parse_duration,
     "sasl_timeout": parse_duration,
     "admin_token": _secret,
 }

@@ -32,6 +32,7 @@ DEFAULT_LOOKAHEAD = 1000
 
 RING_DROPPED = Settlement(Outcome.REJECTED, "qpid-flow:ring-dropped", "dropped to make room on a ring destination")
 PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator")
+DELETED = Settlement(Outcome.REJECTED, "qpid-flow:deleted", "its destination was deleted")
 EXPIRED = Settlement(Outcome.REJECTED, "qpid-flow:expired", "its time to live ran out before it was delivered")
 
 
@@ -68,6 +69,8 @@ class Destination:
         self.ring_dropped = 0
         self.expired = 0
         self.expiring = False  # a message with a time to live has been here: sweep it
+        self.temporary = False  # made for a dynamic source: deleted with its link
+        self.idle_since: float | None = None  # when it was last found unused (forgetting)
         self.largest_message = 0  # for estimating how many more messages fit in bytes
         # In front of a broker: forwarded, and the broker has not given its outcome yet.
         self.in_flight = 0
@@ -323,7 +326,15 @@ class Destination:
     @property
     def unused(self) -> bool:
         """Nothing refers to it any more: it can be forgotten."""
-        return not (self.consumers or self.producers or self.depth)
+        return not (self.consumers or self.producers or self.depth or self.mirrored_consumers or self.in_flight)
+
+    def delete(self) -> int:
+        """Drop every waiting message (the destination is going away); how many."""
+        dropped = 0
+        while (message := self.queue.pop_oldest()) is not None:
+            self._dequeue(message, None, DELETED)
+            dropped += 1
+        return dropped
 
     def stats(self) -> dict[str, Any]:
         """The destination's statistics; plugins add theirs (``qpid_flow_destination_stats``)."""

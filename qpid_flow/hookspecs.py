@@ -66,6 +66,16 @@ def qpid_flow_destination_created(destination: Destination) -> None:
 
 
 @hookspec
+def qpid_flow_destination_deleted(destination: Destination) -> None:
+    """A destination went away: a dynamic source's temporary queue whose link detached, or
+    an auto-created destination unused for ``destination_idle_timeout``. Its waiting
+    messages were dropped first. A later use of the address creates a new destination.
+
+    :param destination: the destination, no longer in the registry.
+    """
+
+
+@hookspec
 def qpid_flow_destination_policy_changed(destination: Destination) -> None:
     """An operator changed the policy in force for ``destination`` at runtime.
 

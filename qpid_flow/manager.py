@@ -156,6 +156,7 @@ class Hooks:
         self.started = self._notify(h.qpid_flow_started)
         self.stopping = self._notify(h.qpid_flow_stopping)
         self.destination_created = self._notify(h.qpid_flow_destination_created)
+        self.destination_deleted = self._notify(h.qpid_flow_destination_deleted)
         self.destination_policy_changed = self._notify(h.qpid_flow_destination_policy_changed)
         self.depth_changed = self._notify(h.qpid_flow_depth_changed)
         self.flow_changed = self._notify(h.qpid_flow_flow_changed)

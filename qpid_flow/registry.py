@@ -7,6 +7,7 @@ picks the change up at once.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 from qpid_flow.config import DestinationPolicy, RouterConfig, is_pattern, pattern_matches, resolve_policy
@@ -14,7 +15,10 @@ from qpid_flow.destination import Destination
 from qpid_flow.manager import Hooks
 from qpid_flow.memory import MemoryMeter
 
-__all__ = ["Destinations"]
+__all__ = ["TEMPORARY_PREFIX", "Destinations"]
+
+# Names of the temporary queues made for dynamic sources (request/response reply queues).
+TEMPORARY_PREFIX = "qpid-flow.temporary."
 
 
 class Destinations:
@@ -39,6 +43,45 @@ class Destinations:
         self._by_address[address] = destination
         self._hooks.destination_created(destination=destination)
         return destination
+
+    def create_temporary(self) -> Destination:
+        """A new temporary destination for a dynamic source, whatever ``auto_create`` says:
+        a unique name the client gets in its attach answer, deleted with its link."""
+        address = f"{TEMPORARY_PREFIX}{uuid.uuid4().hex}"
+        destination = Destination(address, self.policy_for(address), self._hooks, memory=self._memory)
+        destination.temporary = True
+        self._by_address[address] = destination
+        self._hooks.destination_created(destination=destination)
+        return destination
+
+    def delete(self, destination: Destination) -> int:
+        """Delete ``destination``: its waiting messages are dropped (counted, and settled
+        in the event log as deleted). Returns how many were dropped."""
+        if self._by_address.get(destination.address) is not destination:
+            return 0
+        dropped = destination.delete()
+        del self._by_address[destination.address]
+        self._hooks.destination_deleted(destination=destination)
+        return dropped
+
+    def forget_idle(self, now: float, idle_timeout: float) -> int:
+        """Delete auto-created destinations unused (no producer, consumer or message) for
+        ``idle_timeout`` seconds: one-off names must not pile up. Destinations named in
+        the configuration stay. Returns how many went."""
+        forgotten = 0
+        for destination in list(self._by_address.values()):
+            if not destination.unused or destination.address in self.policies:
+                destination.idle_since = None
+            elif destination.idle_since is None:
+                destination.idle_since = now
+            elif now - destination.idle_since >= idle_timeout:
+                self.delete(destination)
+                forgotten += 1
+        if forgotten > 1000:
+            # A dict keeps the table it grew to: copy it so that a burst of names gives
+            # its memory back.
+            self._by_address = dict(self._by_address)
+        return forgotten
 
     def create_configured(self) -> None:
         """Configured names (not patterns) exist from the start, like declared queues."""

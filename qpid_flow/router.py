@@ -291,7 +291,7 @@ class Router(Handler):
     def _attach_consumer(self, link: Link) -> None:
         source = link.remote_source
         if source.dynamic:
-            self._refuse_link(link, "amqp:not-implemented", "dynamic sources are not supported")
+            self._attach_temporary(link)
             return
         address = source.address
         if not address:
@@ -309,6 +309,19 @@ class Router(Handler):
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         link.open()
         self._start_consumer(link, destination)
+
+    def _attach_temporary(self, link: Link) -> None:
+        """A dynamic source: a temporary queue of its own, named in the attach answer and
+        deleted when the link goes (the lifetime AMQP gives a dynamic node by default)."""
+        destination = self.destinations.create_temporary()
+        link.source.copy(link.remote_source)
+        link.source.address = destination.address
+        link.target.copy(link.remote_target)
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        link.open()
+        self._start_consumer(link, destination)
+        log.debug("temporary_destination", address=destination.address, link=link.name)
 
     def _start_consumer(self, link: Link, destination: Destination) -> Consumer:
         """Make an opened consumer link one of ``destination``'s consumers."""
@@ -343,6 +356,8 @@ class Router(Handler):
             if destination is not None:
                 destination.remove_consumer(consumer)
                 self.backend.consumer_detached(destination)
+                if destination.temporary and not destination.consumers:
+                    self.destinations.delete(destination)
             log.debug("consumer_detached", link=consumer.id, address=consumer.address)
 
     def on_link_flow(self, event: Event) -> None:

@@ -121,8 +121,10 @@ class Server(Handler):
             plugins=sorted(name for name, _ in self.hooks.pm.list_name_plugin()),
         )
         self.hooks.started(control=self.control)
-        if self.config.broker is None:
-            self.container.schedule(_HOUSEKEEPING_INTERVAL, _Housekeeping(self.container, self.destinations))
+        self.container.schedule(
+            _HOUSEKEEPING_INTERVAL,
+            _Housekeeping(self.container, self.destinations, self.config.destination_idle_timeout),
+        )
         self.destinations.create_configured()
         # What start-up built (modules, plugins, configuration) lives as long as the
         # process: keep it out of the cyclic collector's full passes, which otherwise walk
@@ -205,16 +207,21 @@ def _load_users(path: str) -> Any:
 
 
 class _Housekeeping(Handler):
-    """Standalone upkeep, once a second: expired messages leave (their room frees, so flow
-    control can resume producers even with no consumer)."""
+    """Upkeep, once a second: expired messages leave (their room frees, so flow control
+    can resume producers even with no consumer; standalone only, a broker expires its
+    own), and auto-created destinations unused for ``idle_timeout`` are forgotten."""
 
-    def __init__(self, container: Container, destinations: Destinations) -> None:
+    def __init__(self, container: Container, destinations: Destinations, idle_timeout: float) -> None:
         super().__init__()
         self._container = container
         self._destinations = destinations
+        self._idle_timeout = idle_timeout
 
     def on_timer_task(self, _event: Any) -> None:
-        self._destinations.expire(time.time())
+        now = time.time()
+        self._destinations.expire(now)
+        if self._idle_timeout:
+            self._destinations.forget_idle(time.monotonic(), self._idle_timeout)
         self._container.schedule(_HOUSEKEEPING_INTERVAL, self)
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
+import pytest
 from proton import Delivery, Endpoint, Message, Terminus
 from proton.utils import BlockingConnection
 
@@ -134,3 +136,38 @@ def _destination(admin: str, name: str) -> dict[str, Any]:
     with urllib.request.urlopen(request, timeout=10) as response:
         record: dict[str, Any] = json.loads(response.read())
     return record
+
+
+def test_request_response_through_a_dynamic_reply_queue(qpid_flow_process: StartRouter) -> None:
+    """Proton's client.py / server.py pattern: the client's dynamic source gets a temporary
+    queue (its address in the attach answer), the server answers to reply-to through the
+    anonymous relay, and the queue is deleted when the client's link detaches."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text="auto_create = false\n[destinations.requests]\n", extra_args=["--admin", admin]
+    )
+    client = BlockingConnection(router.url, timeout=10)
+    server = BlockingConnection(router.url, timeout=10)
+    try:
+        replies = client.create_receiver(None, dynamic=True)
+        reply_to = replies.link.remote_source.address
+        assert reply_to and reply_to.startswith("qpid-flow.temporary.")
+        client.create_sender("requests").send(Message(body="ping", reply_to=reply_to, correlation_id=7))
+        requests = server.create_receiver("requests")
+        request = requests.receive(timeout=10)
+        requests.accept()
+        server.create_sender(None).send(
+            Message(address=request.reply_to, body=f"pong to {request.body}", correlation_id=request.correlation_id)
+        )
+        answer = replies.receive(timeout=10)
+        replies.accept()
+        assert (answer.body, answer.correlation_id) == ("pong to ping", 7)
+        assert _destination(admin, reply_to)["name"] == reply_to
+        replies.close()
+        client.create_receiver("requests").close()  # a round trip: the detach is processed
+        with pytest.raises(urllib.error.HTTPError) as gone:
+            _destination(admin, reply_to)
+        assert gone.value.code == 404
+    finally:
+        client.close()
+        server.close()
