@@ -349,3 +349,70 @@ def _encode_bool(value: Any) -> bytes:
     if value is None:
         return b"\x40"
     return b"\x41" if value else b"\x42"
+
+
+# --- what a JMS selector reads ------------------------------------------------------------------
+
+
+def selector_fields(buf: bytes) -> dict[str, Any]:
+    """Every scalar application property by name, plus the JMS header identifiers a selector
+    may use, from the AMQP fields the AMQP JMS mapping puts them in."""
+    try:
+        fields = _application_properties(buf)
+        header = _header(buf)
+        properties = {name: properties_field(buf, name) for name in _SELECTOR_PROPERTIES}
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    durable = header[0][0] if header is not None else None
+    priority = header[0][1] if header is not None else None
+    fields["JMSDeliveryMode"] = "PERSISTENT" if durable else "NON_PERSISTENT"
+    fields["JMSPriority"] = priority if isinstance(priority, int) else 4
+    jms_names = {
+        "message_id": "JMSMessageID",
+        "correlation_id": "JMSCorrelationID",
+        "subject": "JMSType",
+        "creation_time": "JMSTimestamp",
+        "absolute_expiry_time": "JMSExpiration",
+        "group_id": "JMSXGroupID",
+        "group_sequence": "JMSXGroupSeq",
+    }
+    for name, jms_name in jms_names.items():
+        value = properties[name]
+        if value is not None:
+            fields[jms_name] = str(value) if name in ("message_id", "correlation_id") else value
+    user = properties["user_id"]
+    if isinstance(user, bytes):
+        fields["JMSXUserID"] = user.decode("utf-8", "replace")
+    return fields
+
+
+_SELECTOR_PROPERTIES = (
+    "message_id",
+    "user_id",
+    "subject",
+    "correlation_id",
+    "absolute_expiry_time",
+    "creation_time",
+    "group_id",
+    "group_sequence",
+)
+
+
+def _application_properties(buf: bytes) -> dict[str, Any]:
+    pos = _find_section(buf, _APPLICATION_PROPERTIES)
+    if pos is None:
+        return {}
+    code = buf[pos]
+    if code not in (0xC1, 0xD1):
+        raise MalformedMessage("the application-properties section is not a map")
+    _width, count, pos = _size_and_count(buf, pos + 1, code)
+    found: dict[str, Any] = {}
+    for _ in range(count // 2):
+        key = decode_scalar(buf, pos)
+        value_pos = skip(buf, pos)
+        pos = skip(buf, value_pos)
+        if isinstance(key, str):
+            value = decode_scalar(buf, value_pos)
+            if value is not None:
+                found[key] = value
+    return found

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from qpid_flow.model import Consumer, Message, Outcome, Producer, Settlement
+from qpid_flow.model import Consumer, Hold, Message, Outcome, Producer, Settlement
 from qpid_flow.queues import FifoQueue, MessageQueue
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ DEFAULT_LOOKAHEAD = 1000
 RING_DROPPED = Settlement(Outcome.REJECTED, "qpid-flow:ring-dropped", "dropped to make room on a ring destination")
 PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator")
 DELETED = Settlement(Outcome.REJECTED, "qpid-flow:deleted", "its destination was deleted")
+_NO_SELECTOR_MATCHES = Hold("no ready consumer's selector matches it")
 EXPIRED = Settlement(Outcome.REJECTED, "qpid-flow:expired", "its time to live ran out before it was delivered")
 
 
@@ -55,6 +56,8 @@ class Destination:
         self._memory = memory
         # Waiting for a consumer; a plugin may install another kind (message groups).
         self._turn = 0
+        self._selective = 0  # consumers with a selector: only then are messages decoded for them
+        self.browsers: list[Consumer] = []  # distribution-mode copy: they see, others take
         self.queue: MessageQueue = FifoQueue(self.queue_select, lookahead)
         self.consumers: list[Consumer] = []
         self.producers: set[Producer] = set()
@@ -92,7 +95,13 @@ class Destination:
 
     def queue_select(self, *, destination: Destination, message: Message, consumers: list[Consumer]) -> Any:
         """The consumer-selection hook, as queues call it (plugins' queues too). ``None``
-        from every plugin is no opinion: the consumers take turns."""
+        from every plugin is no opinion: the consumers take turns. Consumers whose
+        selector does not match the message are not offered it."""
+        if self._selective:
+            fields = message.selector_fields()
+            consumers = [c for c in consumers if c.selector is None or c.selector.matches(fields)]
+            if not consumers:
+                return _NO_SELECTOR_MATCHES
         choice = self._hooks.consumer_select(destination=destination, message=message, consumers=consumers)
         if choice is None:
             self._turn += 1
@@ -148,6 +157,9 @@ class Destination:
         if counted:
             self.count_in(message)
         self._hooks.message_enqueued(destination=self, message=message)
+        if self.browsers:
+            for browser in self.browsers:
+                self.browse(browser)
         if self.consumers:
             self.dispatch()
 
@@ -162,13 +174,26 @@ class Destination:
     # --- consumers ----------------------------------------------------------------------
 
     def add_consumer(self, consumer: Consumer) -> None:
+        if consumer.browser:
+            self.browsers.append(consumer)
+            self._hooks.consumer_attached(consumer=consumer, destination=self)
+            return
+        if consumer.selector is not None:
+            self._selective += 1
         self.consumers.append(consumer)
         self._hooks.consumer_attached(consumer=consumer, destination=self)
 
     def remove_consumer(self, consumer: Consumer) -> None:
         """Detach a consumer: everything it held goes back to the front, in order."""
+        if consumer in self.browsers:
+            self.browsers.remove(consumer)
+            consumer.credit = 0
+            self._hooks.consumer_detached(consumer=consumer, destination=self)
+            return
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+            if consumer.selector is not None:
+                self._selective -= 1
         consumer.credit = 0
         self.release_held(consumer)
         self.queue.consumer_gone(consumer)
@@ -191,12 +216,35 @@ class Destination:
 
     def credit_changed(self, consumer: Consumer, credit: int) -> None:
         """The consumer's link credit is now ``credit``; send what it can take."""
+        if consumer.browser:
+            consumer.credit = credit
+            self.browse(consumer)
+            return
         had_none = consumer.credit <= 0
         consumer.credit = credit
         if credit > 0 and self.queue:
             if had_none:
                 self.queue.consumer_ready(consumer)
             self.dispatch()
+
+    def browse(self, browser: Consumer) -> None:
+        """Send a browser copies of the waiting messages it has not seen, in order, as its
+        credit allows; the messages stay where they are."""
+        if browser.credit <= 0 or not self.queue:
+            return
+        now = time.time()
+        for message in list(self.queue):
+            if browser.credit <= 0:
+                return
+            if message.sequence <= browser.browse_after:
+                continue
+            browser.browse_after = message.sequence
+            if message.expires is not None and message.expires <= now:
+                continue
+            if browser.selector is not None and not browser.selector.matches(message.selector_fields()):
+                continue
+            browser.credit -= 1
+            browser.deliver(browser, message)
 
     def dispatch(self) -> None:
         """Hand waiting messages to consumers with credit."""

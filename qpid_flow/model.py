@@ -79,6 +79,7 @@ class Message:
 
     __slots__ = (
         "_group_id",
+        "_selector_fields",
         "address",
         "data",
         "delivery_count",
@@ -126,6 +127,7 @@ class Message:
         # the group it went out in); opaque to everyone else.
         self.queue_handle: Any = None
         self._group_id: Any = _UNREAD
+        self._selector_fields: Any = None
 
     def group_id(self, header: str | None = None) -> Any:
         """The raw group id (``properties.group-id`` or application property ``header``);
@@ -136,6 +138,19 @@ class Message:
             except codec.MalformedMessage:
                 self._group_id = None
         return self._group_id
+
+    def selector_fields(self) -> dict[str, Any]:
+        """What selectors read (application properties and JMS header fields), decoded on
+        first use by a consumer with a selector and remembered."""
+        if self._selector_fields is None:
+            try:
+                self._selector_fields = codec.selector_fields(self.data)
+            except codec.MalformedMessage:
+                self._selector_fields = {}
+        fields: dict[str, Any] = self._selector_fields
+        if self.delivery_count:
+            fields = {**fields, "JMSRedelivered": True, "JMSXDeliveryCount": self.delivery_count + 1}
+        return fields
 
     def wire(self) -> bytes:
         """The bytes to send a consumer now: as received, but a redelivery says so in its
@@ -189,7 +204,19 @@ class Consumer:
     ``deliver`` is supplied by the router: it puts a message on the wire and returns.
     """
 
-    __slots__ = ("address", "connection_id", "credit", "deliver", "held", "id", "name", "presettled")
+    __slots__ = (
+        "address",
+        "browse_after",
+        "browser",
+        "connection_id",
+        "credit",
+        "deliver",
+        "held",
+        "id",
+        "name",
+        "presettled",
+        "selector",
+    )
 
     def __init__(
         self,
@@ -198,6 +225,8 @@ class Consumer:
         presettled: bool = False,
         name: str = "",
         connection_id: str = "",
+        selector: Any = None,
+        browser: bool = False,
     ) -> None:
         self.id = next_link_id()
         self.address = address
@@ -208,6 +237,12 @@ class Consumer:
         self.credit = 0
         # Messages delivered and not settled yet, by sequence number: what a detach releases.
         self.held: dict[int, Message] = {}
+        # A JMS selector (qpid_flow.jms_selector.Selector): only messages it matches come.
+        self.selector = selector
+        # A browser (distribution-mode copy) gets copies, the messages stay for others;
+        # browse_after is the sequence number of the last message it saw.
+        self.browser = browser
+        self.browse_after = 0
 
     def __repr__(self) -> str:
         return f"<Consumer {self.id} of {self.address!r} credit={self.credit} held={len(self.held)}>"

@@ -23,6 +23,7 @@ from qpid_flow.access import ANONYMOUS_USER, AccessPolicy, ConnectionLimits, Dir
 from qpid_flow.credit import window_need
 from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
 from qpid_flow.guard import contain_errors
+from qpid_flow.jms_selector import SELECTOR_FILTER_CODE, SELECTOR_FILTER_NAME, Selector, SelectorError, parse_selector
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.outcomes import apply_settlement, remote_settlement
@@ -303,12 +304,30 @@ class Router(Handler):
         if destination is None:
             self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
             return
+        filters = _filters(source)
+        selector = None
+        applied: dict[Any, Any] = {}
+        for key, value in filters.items():
+            if _is_selector(value) and not destination.policy.shared_groups:
+                try:
+                    selector = parse_selector(str(value.value))
+                except SelectorError as exc:
+                    self._refuse_link(link, "amqp:invalid-field", f"bad selector: {exc}")
+                    return
+                applied[key] = value
+        browser = source.distribution_mode == Terminus.DIST_MODE_COPY
         link.source.copy(source)
+        if applied != filters:
+            # The source in the answer lists the filters in force (AMQP 1.0 3.5.8): one not
+            # applied is left out, so the client can tell.
+            link.source.filter.clear()
+            if applied:
+                link.source.filter.put_object(applied)
         link.target.copy(link.remote_target)
-        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        presettled = browser or link.remote_snd_settle_mode == Link.SND_SETTLED
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         link.open()
-        self._start_consumer(link, destination)
+        self._start_consumer(link, destination, selector, browser)
 
     def _attach_temporary(self, link: Link) -> None:
         """A dynamic source: a temporary queue of its own, named in the attach answer and
@@ -323,11 +342,19 @@ class Router(Handler):
         self._start_consumer(link, destination)
         log.debug("temporary_destination", address=destination.address, link=link.name)
 
-    def _start_consumer(self, link: Link, destination: Destination) -> Consumer:
-        """Make an opened consumer link one of ``destination``'s consumers."""
+    def _start_consumer(
+        self, link: Link, destination: Destination, selector: Selector | None = None, browser: bool = False
+    ) -> Consumer:
+        """Make an opened consumer link one of ``destination``'s consumers (or browsers)."""
         presettled = link.snd_settle_mode == Link.SND_SETTLED
         consumer = Consumer(
-            destination.address, self._deliver, presettled, name=link.name, connection_id=link.connection.qf_id
+            destination.address,
+            self._deliver,
+            presettled,
+            name=link.name,
+            connection_id=link.connection.qf_id,
+            selector=selector,
+            browser=browser,
         )
         link.qf_consumer = consumer
         keep_link(link)
@@ -653,3 +680,21 @@ def _admit(endpoint: Any, first: Any, limit: int) -> bool:
         return False
     endpoint.qf_admitted = True
     return True
+
+
+def _filters(source: Terminus) -> dict[Any, Any]:
+    """The filter set of a source, as a dict (empty when there is none or it is not a map)."""
+    data = source.filter
+    data.rewind()
+    if not data.next():
+        return {}
+    try:
+        value = data.get_object()
+    except Exception:  # a filter set Proton cannot turn into Python: none applied
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _is_selector(value: Any) -> bool:
+    descriptor = getattr(value, "descriptor", None)
+    return descriptor in (SELECTOR_FILTER_NAME, SELECTOR_FILTER_CODE) and isinstance(getattr(value, "value", None), str)

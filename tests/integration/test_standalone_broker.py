@@ -11,8 +11,9 @@ import urllib.request
 from typing import Any
 
 import pytest
-from proton import Delivery, Endpoint, Message, Terminus
-from proton.utils import BlockingConnection
+from proton import Delivery, Endpoint, Message, Terminus, symbol
+from proton.reactor import Copy, Selector
+from proton.utils import BlockingConnection, LinkDetached
 
 from .harness.net import free_port
 from .harness.rawclient import RawClient
@@ -171,3 +172,52 @@ def test_request_response_through_a_dynamic_reply_queue(qpid_flow_process: Start
     finally:
         client.close()
         server.close()
+
+
+def _coloured(connection: BlockingConnection, address: str) -> None:
+    sender = connection.create_sender(address)
+    for n, colour in enumerate(["red", "green", "blue", "green", "red", "green"]):
+        sender.send(Message(body=f"{colour}-{n}", properties={"colour": colour, "n": n}))
+
+
+def test_selectors_pick_messages_per_consumer(qpid_flow_process: StartRouter) -> None:
+    """Proton's selected_recv.py: a consumer with `colour = 'green'` gets only green ones,
+    in order; the others stay for other consumers (rhea with its own selector here)."""
+    router = qpid_flow_process()
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        _coloured(connection, "colours")
+        green = connection.create_receiver("colours", options=Selector("colour = 'green' AND n > 1"))
+        applied = green.link.remote_source.filter
+        applied.rewind()
+        applied.next()
+        assert list(applied.get_object()) == [symbol("selector")]  # echoed: it is applied
+        assert [green.receive(timeout=10).body for _ in range(2)] == ["green-3", "green-5"]
+        green.accept()
+        green.accept()
+        reds = run_rhea(router.url, "receive", "colours", "2", "5000", env={"RHEA_SELECTOR": "colour = 'red'"})
+        assert reds["received"] == ["red-0", "red-4"], reds
+        rest = connection.create_receiver("colours", name="everything else")
+        assert [rest.receive(timeout=10).body for _ in range(2)] == ["green-1", "blue-2"]
+        with pytest.raises(LinkDetached) as bad:
+            connection.create_receiver("colours", name="bad", options=Selector("colour = = 'x'"))
+        assert "amqp:invalid-field" in str(bad.value)
+    finally:
+        connection.close()
+
+
+def test_browsing_leaves_the_messages_for_consumers(qpid_flow_process: StartRouter) -> None:
+    """distribution-mode copy (Proton's queue_browser.py, rhea): a browser sees every
+    message, the consumer after it still gets them all."""
+    router = qpid_flow_process()
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        _coloured(connection, "browsed")
+        browser = connection.create_receiver("browsed", name="browser", options=Copy())
+        assert [browser.receive(timeout=10).body for _ in range(6)][:2] == ["red-0", "green-1"]
+        browsed = run_rhea(router.url, "receive", "browsed", "6", "5000", env={"RHEA_BROWSE": "1"})
+        assert len(browsed["received"]) == 6, browsed
+        taker = connection.create_receiver("browsed", name="taker")
+        assert [taker.receive(timeout=10).body for _ in range(6)][-1] == "green-5"
+    finally:
+        connection.close()

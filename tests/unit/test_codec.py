@@ -93,3 +93,21 @@ def test_redelivery_raises_delivery_count_and_clears_first_acquirer() -> None:
     assert (counted.delivery_count, counted.body) == (1, "no header")
     with pytest.raises(codec.MalformedMessage):
         codec.redelivered(b"\x00\x53\x70\xc0\x05", 1)
+
+
+def test_selector_fields_map_amqp_to_jms_identifiers() -> None:
+    message = Message(
+        id="m-1",
+        correlation_id="c-1",
+        subject="car",
+        durable=True,
+        priority=7,
+        properties={"colour": "blue", "weight": 2501, "nested": {"no": 1}},
+    )
+    fields = codec.selector_fields(message.encode())
+    assert fields["colour"] == "blue" and fields["weight"] == 2501
+    assert "nested" not in fields  # compound values are not selectable
+    assert (fields["JMSMessageID"], fields["JMSCorrelationID"], fields["JMSType"]) == ("m-1", "c-1", "car")
+    assert (fields["JMSPriority"], fields["JMSDeliveryMode"]) == (7, "PERSISTENT")
+    bare = codec.selector_fields(Message(body="x").encode())
+    assert (bare["JMSPriority"], bare["JMSDeliveryMode"]) == (4, "NON_PERSISTENT")

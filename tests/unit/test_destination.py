@@ -204,3 +204,25 @@ def test_only_failed_deliveries_count_towards_delivery_count(hooks: Hooks) -> No
     dest.remove_consumer(consumer)  # held, never settled: counts too
     assert message.failed_attempts == 2
     assert message.delivery_count == 3  # three times handed out
+
+
+def test_selectors_route_messages_and_browsers_only_look(hooks: Hooks) -> None:
+    from proton import Message as ProtonMessage
+
+    from qpid_flow.jms_selector import parse_selector
+
+    dest, wire = make(hooks), Wire()
+    blue = Consumer("q", wire.deliver, selector=parse_selector("colour = 'blue'"))
+    anyone = Consumer("q", wire.deliver)
+    browser = Consumer("q", wire.deliver, presettled=True, browser=True)
+    for consumer in (blue, browser):
+        dest.add_consumer(consumer)
+        dest.credit_changed(consumer, 10)
+    for colour in ("red", "blue", "red"):
+        dest.enqueue(Message(ProtonMessage(properties={"colour": colour}).encode(), "q"))
+    assert [c for c, _ in wire.sent].count(blue.id) == 1  # the red ones wait for someone else
+    assert [c for c, _ in wire.sent].count(browser.id) == 3  # the browser saw all three
+    dest.add_consumer(anyone)
+    dest.credit_changed(anyone, 10)
+    assert [c for c, _ in wire.sent].count(anyone.id) == 2
+    assert dest.depth == 3  # delivered, none settled: browsing took nothing away

@@ -107,7 +107,11 @@ if (op === 'send') {
     sender.on('modified', outcome('modified'));
     if (count === 0) connection.once('connection_open', (context) => finish(context.connection));
 } else {
-    const receiver = connection.open_receiver({ source: address, credit_window: 0, autoaccept: false });
+    // $RHEA_SELECTOR: a JMS selector filter on the source; $RHEA_BROWSE=1: distribution-mode copy.
+    const source = { address };
+    if (process.env.RHEA_SELECTOR) source.filter = rhea.filter.selector(process.env.RHEA_SELECTOR);
+    if (process.env.RHEA_BROWSE) source.distribution_mode = 'copy';
+    const receiver = connection.open_receiver({ source, credit_window: 0, autoaccept: false });
     receiver.add_credit(count);
     receiver.on('message', (context) => {
         if (report.received.length >= count) {
