@@ -177,18 +177,45 @@ class _Handshake:
     # --- events of either socket --------------------------------------------------------
 
     def on_selectable_readable(self, event: Any) -> None:
-        if event.selectable is self.client.selectable:
+        self._contained(self._readable, event.selectable)
+
+    def on_selectable_writable(self, event: Any) -> None:
+        self._contained(self._writable, event.selectable)
+
+    def _contained(self, handle: Callable[[Any], None], subject: Any) -> None:
+        """Run a socket event (``subject``: its selectable) or a sign-in answer (``subject``:
+        the user) of this handshake. Events may still arrive for a socket the handshake
+        already let go (closed, or handed to Proton): they are ignored. Whatever goes wrong
+        ends this client's handshake only, never the process."""
+        if self._finished or (
+            handle in (self._readable, self._writable)
+            and subject is not self.client.selectable
+            and not self._is_upstream(subject)
+        ):
+            return  # timed out or gone meanwhile, or a socket let go
+        try:
+            handle(subject)
+        except Exception:
+            log.exception("handshake_failed", remote=self._remote)
+            self._close_all()
+
+    def _is_upstream(self, selectable: Any) -> bool:
+        return self.upstream is not None and selectable is self.upstream.selectable
+
+    def _readable(self, selectable: Any) -> None:
+        if selectable is self.client.selectable:
             self._client_readable()
         else:
             self._upstream_readable()
 
-    def on_selectable_writable(self, event: Any) -> None:
-        if event.selectable is self.client.selectable:
+    def _writable(self, selectable: Any) -> None:
+        if selectable is self.client.selectable:
             if self.client.flush() and self._closing:
                 self._close_all()
         elif not self._connected:
             self._upstream_connected()
-        elif self.upstream is not None:
+        else:
+            assert self.upstream is not None
             self.upstream.flush()
 
     def on_timer_task(self, _event: Any) -> None:
@@ -269,11 +296,11 @@ class _Handshake:
             self._connect_next()
             return
         self.client.watch(reading=False)  # nothing more is read until the outcome is out
-        sign_in.sign_in(init, self.certificate_name, self._signed_in)
+        sign_in.sign_in(init, self.certificate_name, lambda user: self._contained(self._signed_in_as, user))
 
-    def _signed_in(self, user: str | None) -> None:
-        if self._finished or self.server is None:
-            return  # timed out or gone meanwhile
+    def _signed_in_as(self, user: str | None) -> None:
+        if self.server is None:
+            return
         if user is None:
             log.info("authentication_failed", remote=self._remote, mechanism=self.server.mechanisms)
             self.server.send_outcome(OUTCOME_AUTH)

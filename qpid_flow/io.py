@@ -127,6 +127,15 @@ class BatchingIOHandler(IOHandler):
         if capacity < PN_EOS or pending < PN_EOS:
             IOHandler.update(transport, selectable, now)  # an error: the transport is closing
             return
+        if capacity == PN_EOS and pending == 0:
+            # Proton reads no more and has nothing left to send. After a close that is the
+            # end (the handlers of this turn already answered it); after input Proton could
+            # not decode (a frame body that is a lone descriptor byte, found by fuzzing) it
+            # stops reading without an error, and nothing would ever end the connection:
+            # its socket would stay half-closed for good. End it here.
+            transport.close_head()
+            IOHandler.update(transport, selectable, now)
+            return
         reading = capacity > 0
         writing = pending > 0
         tick = pn_transport_tick(impl, int(now * 1000))

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from cproton import PN_RELEASED, pn_link_credit
-from proton import Condition, Endpoint, Link, SymbolList, Terminus
+from proton import Array, Condition, Endpoint, Link, SymbolList, Terminus
 
 from qpid_flow import codec
 from qpid_flow.dialect import Dialect, Node, dialect_for
@@ -212,7 +212,7 @@ class BrokerRouter(Router):
             upstream = pair.upstream
             upstream.container = conn.remote_container
             upstream.hostname = conn.remote_hostname
-            upstream.properties = conn.remote_properties
+            upstream.properties = _relayable(conn.remote_properties)
             upstream.offered_capabilities = _symbols(conn.remote_offered_capabilities)
             desired = [c for c in _symbol_list(conn.remote_desired_capabilities) if c != ANONYMOUS_RELAY]
             upstream.desired_capabilities = SymbolList(desired) if desired else None
@@ -228,7 +228,7 @@ class BrokerRouter(Router):
             self.dialect = dialect_for(self._dialect_setting, _text(properties.get("product")))
             log.info("broker_dialect", dialect=self.dialect.name)
         client.container = conn.remote_container
-        client.properties = conn.remote_properties
+        client.properties = _relayable(conn.remote_properties)
         offered = _symbol_list(conn.remote_offered_capabilities)
         if ANONYMOUS_RELAY not in offered:
             offered.append(ANONYMOUS_RELAY)
@@ -413,7 +413,7 @@ class BrokerRouter(Router):
         upstream.rcv_settle_mode = link.remote_rcv_settle_mode
         if link.remote_max_message_size:
             upstream.max_message_size = link.remote_max_message_size
-        properties = link.remote_properties
+        properties = _relayable(link.remote_properties)
         if properties:
             upstream.properties = properties
         upstream.qf_peer = link
@@ -475,7 +475,7 @@ class BrokerRouter(Router):
         if limit:
             client.max_message_size = limit
         if upstream.remote_properties:
-            client.properties = upstream.remote_properties
+            client.properties = _relayable(upstream.remote_properties)
         client.open()
         answered = upstream.remote_target if upstream.is_sender else upstream.remote_source
         if answered.type == Terminus.UNSPECIFIED:
@@ -956,6 +956,25 @@ def _close(endpoint: Any, condition: Condition | None) -> None:
     if condition is not None:
         endpoint.condition = condition
     endpoint.close()
+
+
+def _relayable(properties: Any) -> Any:
+    """Connection or link properties as they can be encoded again for the other side; None
+    when they hold an array. Proton decodes a malformed array (one that lies about its
+    count) into an object whose encoding crashes the process (found by fuzzing), and a
+    well-formed array in properties is rare enough to leave behind."""
+    return None if _holds_array(properties) else properties
+
+
+def _holds_array(value: Any) -> bool:
+    if isinstance(value, Array):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_array(k) or _holds_array(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_array(v) for v in value)
+    described = getattr(value, "value", None)
+    return described is not None and described is not value and _holds_array(described)
 
 
 def _symbol_list(value: Any) -> list[str]:

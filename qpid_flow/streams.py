@@ -249,10 +249,23 @@ def bind_transport(
     selectable = container.selectable(delegate=sock)
     selectable._transport = transport
     transport._selectable = selectable
-    if leftover:
-        transport.push(leftover)
+    _push(transport, leftover)
     IOHandler.update(transport, selectable, container.now)
     return connection
+
+
+def _push(transport: Transport, data: bytes) -> None:
+    """Hand the bytes a client sent ahead of the SASL outcome to its transport, as much
+    as it takes at a time (Proton processes each push, which frees room for the next);
+    what it cannot take at all ends the connection, as too much input would."""
+    view = memoryview(data)
+    while view:
+        room = transport.capacity()
+        if room <= 0:
+            transport.close_tail()
+            return
+        transport.push(bytes(view[:room]))
+        view = view[room:]
 
 
 def _recv(sock: socket.socket) -> bytes | None:
