@@ -25,6 +25,7 @@ log = structlog.get_logger("qpid_flow.guard")
 
 H = TypeVar("H", bound=type)
 
+DECODE_ERROR = "amqp:decode-error"
 INTERNAL_ERROR = "amqp:internal-error"
 
 
@@ -58,10 +59,19 @@ def _contain(handler: Any, method: str, event: Any, error: Exception) -> None:
         return
     try:
         if not connection.state & Endpoint.LOCAL_CLOSED:
-            connection.condition = Condition(INTERNAL_ERROR, "qpid-flow failed on this connection")
+            connection.condition = _condition_for(error)
             connection.close()
     except Exception as close_error:
         log.error("handler_error_close_failed", **where, connection=connection_id, exc_info=close_error)
+
+
+def _condition_for(error: Exception) -> Condition:
+    """A peer's text that is not UTF-8 (a container id, a link name: Proton decodes them
+    as the handler reads them) is the peer's error, said as AMQP says it; anything else
+    is qpid-flow's own."""
+    if isinstance(error, UnicodeDecodeError):
+        return Condition(DECODE_ERROR, f"a text field is not valid UTF-8: {error.reason}")
+    return Condition(INTERNAL_ERROR, "qpid-flow failed on this connection")
 
 
 def _guard(method: Callable[..., Any]) -> Callable[..., Any]:

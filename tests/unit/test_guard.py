@@ -240,3 +240,17 @@ def test_an_event_whose_connection_cannot_be_found_still_logs_the_error() -> Non
     assert set(events) == {"handler_error", "handler_error_connection_unknown"}
     assert isinstance(events["handler_error"]["exc_info"], Boom)
     assert str(events["handler_error_connection_unknown"]["exc_info"]) == "link freed"
+
+
+@contain_errors
+class _NotUtf8(Handler):
+    def on_link_local_open(self, event: Any) -> None:
+        b"\xff".decode("utf-8")  # what cproton does with a link name that is not UTF-8
+
+
+def test_text_that_is_not_utf8_closes_with_a_decode_error(wire: Wire) -> None:
+    event = _event_of_type(wire.collector, Event.LINK_LOCAL_OPEN)
+    _call(_NotUtf8().on_link_local_open, event)
+    assert wire.connection.condition.name == "amqp:decode-error"
+    wire.pump()
+    assert wire.peer.remote_condition.name == "amqp:decode-error"
