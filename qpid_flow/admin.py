@@ -35,7 +35,6 @@ Routes (names are URL-path-quoted with ``safe=""``: ``/queue/orders`` is
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import socket
 import socketserver
@@ -48,7 +47,7 @@ from urllib.parse import unquote, urlsplit
 
 import structlog
 
-from qpid_flow.config import ConfigError
+from qpid_flow.config import ConfigError, is_loopback
 
 __all__ = ["AdminOperations", "AdminServer", "RunInReactor", "split_host_port"]
 
@@ -472,17 +471,7 @@ def _names_loopback(host: str) -> bool:
         name = urlsplit("//" + host.strip()).hostname
     except ValueError:
         return False
-    return name is not None and _is_loopback(name)
-
-
-def _is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return name is not None and is_loopback(name)
 
 
 def _json_object(body: bytes, what: str, *, empty_ok: bool) -> dict[str, Any]:
@@ -519,7 +508,7 @@ class AdminServer:
         self._run_in_reactor = run_in_reactor
         self.token = token or None  # an empty token would let an empty Authorization in
         try:
-            self.loopback = _is_loopback(split_host_port(listen)[0])
+            self.loopback = is_loopback(split_host_port(listen)[0])
         except ValueError:  # start() reports the bad address
             self.loopback = False
         self._httpd: _HTTPServer | None = None

@@ -582,16 +582,17 @@ def _check_security(config: RouterConfig) -> None:
         raise ConfigError(
             "allow_anonymous", False, "leaves no way to sign in: set users_file, or tls_ca for client certificates"
         )
-    if config.admin is not None and config.admin_token is None and not _loopback(config.admin.rsplit(":", 1)[0]):
+    if config.admin is not None and config.admin_token is None and not is_loopback(config.admin.rsplit(":", 1)[0]):
         raise ConfigError(
             "admin", config.admin, "an admin endpoint beyond loopback needs admin_token (or QPID_FLOW_ADMIN_TOKEN)"
         )
 
 
-def _loopback(host: str) -> bool:
-    import ipaddress
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (brackets around IPv6 allowed)."""
+    import ipaddress  # only here: reading a configuration needs it once
 
-    host = host.strip("[]")
+    host = host.strip("[]").lower()
     if host == "localhost":
         return True
     try:
