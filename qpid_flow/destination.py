@@ -116,6 +116,15 @@ class Destination:
             return False
         return not (max_size and self.bytes + message.size > max_size)
 
+    def has_room_for_many(self, count: int, size: int) -> bool:
+        """False when ``count`` more messages of ``size`` bytes in all would not fit (a
+        transaction's commit enqueues all of them or none)."""
+        max_count = self.policy.max_count or 0
+        max_size = self.policy.max_size or 0
+        if max_count and self.depth + count > max_count:
+            return False
+        return not (max_size and self.bytes + size > max_size)
+
     def limit_description(self) -> str:
         return (
             f"destination {self.address!r} is full: depth {self.depth} of max_count "

@@ -92,6 +92,7 @@ class Message:
         "queue_handle",
         "sequence",
         "size",
+        "txn",
         "upstream_epoch",
     )
 
@@ -122,6 +123,9 @@ class Message:
         # settling): what a redelivery adds to the header's delivery-count.
         self.failed_attempts = 0
         self.expires: float | None = None  # seconds since the epoch; None: never
+        # The transaction (qpid_flow.transactions.Transaction) a transfer arrived in: it is
+        # staged there, not enqueued, until the commit.
+        self.txn: Any = None
         self.enqueued_at = 0.0
         # The queue's own note on the message while a consumer holds it (a grouped queue:
         # the group it went out in); opaque to everyone else.

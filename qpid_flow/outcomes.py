@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from cproton import PN_ACCEPTED, PN_RELEASED
-from proton import Condition, Delivery
+from proton import Condition, Delivery, Described, symbol, ulong
 
 from qpid_flow.endpoints import LeanDelivery
 from qpid_flow.model import Outcome, Settlement
 
-__all__ = ["apply_settlement", "relay_state", "remote_settlement"]
+__all__ = ["TRANSACTIONAL_STATE", "apply_settlement", "apply_transactional", "relay_state", "remote_settlement"]
+
+# The transactional-state delivery state (AMQP 1.0 part 4.5.5): a transfer or disposition
+# that is part of a transaction carries it, with the txn-id and the outcome inside.
+TRANSACTIONAL_STATE = 0x34
+_OUTCOME_CODES = {Outcome.ACCEPTED: 0x24, Outcome.REJECTED: 0x25, Outcome.RELEASED: 0x26, Outcome.MODIFIED: 0x27}
+_ERROR_CODE = 0x1D
 
 _TERMINAL = {
     Delivery.ACCEPTED: Outcome.ACCEPTED,
@@ -65,6 +71,21 @@ def apply_settlement(delivery: LeanDelivery, settlement: Settlement) -> None:
         if settlement.annotations:
             full.local.annotations = settlement.annotations
     full.update(_STATE[outcome])
+    full.settle()
+
+
+def apply_transactional(delivery: LeanDelivery, txn_id: bytes, settlement: Settlement) -> None:
+    """Settle ``delivery`` with ``settlement`` inside transaction ``txn_id`` (a producer's
+    transactional transfer: the outcome takes effect when the transaction commits)."""
+    outcome = settlement.outcome
+    fields: list[object] = []
+    if outcome is Outcome.REJECTED and settlement.condition:
+        fields = [Described(ulong(_ERROR_CODE), [symbol(settlement.condition), settlement.description, None])]
+    elif outcome is Outcome.MODIFIED:
+        fields = [settlement.delivery_failed, settlement.undeliverable_here]
+    full = delivery.proton()
+    full.local.data = [txn_id, Described(ulong(_OUTCOME_CODES[outcome]), fields)]
+    full.update(TRANSACTIONAL_STATE)
     full.settle()
 
 

@@ -20,13 +20,15 @@ from proton import Condition, Endpoint, Handler, Link, SymbolList, Terminus, sym
 
 from qpid_flow import __version__, codec
 from qpid_flow.access import ANONYMOUS_USER, AccessPolicy, ConnectionLimits, Direction
+from qpid_flow.coordinator import Coordinator
 from qpid_flow.credit import window_need
 from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
 from qpid_flow.guard import contain_errors
 from qpid_flow.jms_selector import SELECTOR_FILTER_CODE, SELECTOR_FILTER_NAME, Selector, SelectorError, parse_selector
 from qpid_flow.memory import MemoryMeter
 from qpid_flow.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
-from qpid_flow.outcomes import apply_settlement, remote_settlement
+from qpid_flow.outcomes import TRANSACTIONAL_STATE, apply_settlement, apply_transactional, remote_settlement
+from qpid_flow.transactions import UNKNOWN_ID, Transaction, settlement_from_outcome
 
 if TYPE_CHECKING:
     from proton import Connection, Event, Session
@@ -83,6 +85,7 @@ class Router(Handler):
         self.container_id = "qpid-flow"  # the server's set it to its own (host and pid)
         self.access = AccessPolicy(config.acl)
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_user)
+        self.coordinator = Coordinator(self)
 
     # --- connections ----------------------------------------------------------------------
 
@@ -238,9 +241,7 @@ class Router(Handler):
 
     def _attach_producer(self, link: Link) -> None:
         if link.remote_target.type == Terminus.COORDINATOR:
-            # Transactions are not implemented standalone: say so at once, rather than
-            # take the declare as an anonymous-relay transfer and leave the client waiting.
-            self._refuse_link(link, "amqp:not-implemented", "transactions are not supported")
+            self.coordinator.attach(link)
             return
         address = link.remote_target.address or None
         destination = None
@@ -366,7 +367,12 @@ class Router(Handler):
         return consumer
 
     def _link_gone(self, link: Link) -> None:
-        """Forget a link (idempotent): release what a consumer held, drop a producer."""
+        """Forget a link (idempotent): release what a consumer held, drop a producer,
+        roll back what a coordinator link left open."""
+        if kept(link, "qf_coordinator"):
+            link.qf_coordinator = False
+            self.coordinator.controller_gone(link)
+            return
         producer = kept(link, "qf_producer")
         if producer is not None and self._producers.pop(producer.id, None) is not None:
             destination = self.destinations.find(producer.address) if producer.address else None
@@ -429,6 +435,9 @@ class Router(Handler):
             if entry is None:
                 return
             delivery, message = entry
+            if delivery.remote_state == TRANSACTIONAL_STATE:
+                self._transactional_outcome(link, consumer, event.impl, delivery, message)
+                return
             settlement = remote_settlement(delivery)
             if settlement is None:
                 return  # not terminal yet (e.g. received)
@@ -438,6 +447,32 @@ class Router(Handler):
             if destination is not None:
                 destination.settle(consumer, message, settlement)
                 self.backend.demand_changed(destination)
+
+    def _transactional_outcome(
+        self, link: Link, consumer: Consumer, impl: Any, delivery: LeanDelivery, message: Message
+    ) -> None:
+        """A consumer settled (or gave an outcome to) a delivery inside a transaction: the
+        outcome is staged there; the message stays out to this consumer until the commit."""
+        state = delivery.proton().remote.data or []
+        txn = self.coordinator.transactions.find(state[0] if state else None, link.connection.qf_id)
+        if txn is None:
+            self._link_gone(link)
+            link.condition = Condition(UNKNOWN_ID, f"a disposition names no open transaction: {state[:1]!r}")
+            link.close()
+            return
+        settlement = settlement_from_outcome(state[1] if len(state) > 1 else None)
+        if delivery.settled:
+            del self._sent[consumer.id][impl]
+            delivery.settle()
+            txn.stage_outcome(consumer, message, settlement or Settlement.accepted(), None)
+        elif settlement is not None:
+            txn.stage_outcome(consumer, message, settlement, impl)
+
+    def forget_sent(self, consumer: Consumer, impl: Any) -> None:
+        """Settle and forget a consumer's delivery (by C delivery) a transaction settled."""
+        entry = self._sent.get(consumer.id, {}).pop(impl, None)
+        if entry is not None:
+            entry[0].settle()
 
     def _message_too_large(self, link: Link, delivery: LeanDelivery) -> None:
         """A transfer grew past max_message_size: end the link as AMQP 1.0 says (2.7.3)."""
@@ -451,7 +486,10 @@ class Router(Handler):
         link.close()
 
     def _on_transfer(self, link: Link, delivery: LeanDelivery, data: bytes) -> None:
-        producer: Producer = kept(link, "qf_producer")
+        producer: Producer | None = kept(link, "qf_producer")
+        if producer is None:  # every other link qpid-flow receives on is a coordinator
+            self.coordinator.on_control(link, delivery, data)
+            return
         producer.credit = pn_link_credit(link._impl)
         presettled = delivery.settled
         address = producer.address
@@ -475,17 +513,40 @@ class Router(Handler):
             self._refuse_transfer(delivery, presettled, "amqp:not-found", f"no destination {address!r}")
             return
         message = Message(data, destination.address, producer.id)
+        if delivery.remote_state == TRANSACTIONAL_STATE:
+            txn = self._transaction_of(link, delivery)
+            if txn is None:
+                self._refuse_transfer(delivery, presettled, UNKNOWN_ID, "the transfer names no open transaction")
+                return
+            message.txn = txn
+            txn.undecided += 1
         if not presettled:
             message.origin = delivery
             producer.unsettled += 1
         decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
         self._apply_decision(decision, destination, message)
 
+    def _transaction_of(self, link: Link, delivery: LeanDelivery) -> Transaction | None:
+        state = delivery.proton().remote.data or []
+        return self.coordinator.transactions.find(state[0] if state else None, link.connection.qf_id)
+
     def _apply_decision(self, decision: Any, destination: Destination, message: Message) -> None:
+        txn: Transaction | None = message.txn
         if decision is None or isinstance(decision, Admit):
-            self.backend.forward(destination, message, self._producer_outcome)
+            if txn is None:
+                self.backend.forward(destination, message, self._producer_outcome)
+                return
+            # In a transaction: staged, not enqueued, until the commit.
+            txn.stage_transfer(destination, message)
+            self.memory.add(message.size)
+            txn.undecided -= 1
+            self._producer_outcome(message, Settlement.accepted())
+            self.coordinator.try_commit(txn)
         elif isinstance(decision, Reject):
             self._producer_outcome(message, Settlement(Outcome.REJECTED, decision.condition, decision.description))
+            if txn is not None:
+                txn.undecided -= 1
+                self.coordinator.try_commit(txn)
         elif isinstance(decision, Hold):
             self._held.setdefault(destination.address, []).append(message)
             self.memory.add(message.size)
@@ -513,7 +574,10 @@ class Router(Handler):
         delivery = message.origin
         message.origin = None
         if delivery is not None:
-            apply_settlement(delivery, settlement)
+            if message.txn is None:
+                apply_settlement(delivery, settlement)
+            else:
+                apply_transactional(delivery, message.txn.id, settlement)
         entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
         if entry is None:
             return  # the producer left meanwhile
@@ -592,6 +656,24 @@ class Router(Handler):
     def delayed_producers(self, address: str) -> int:
         return len({message.producer_id for message, _ in self._delayed.get(address, ())})
 
+    def drop_held_in(self, txn: Transaction) -> None:
+        """A transaction was rolled back: its transfers a policy still holds are dropped,
+        released to their producers."""
+        for address, messages in list(self._held.items()):
+            dropped = [m for m in messages if m.txn is txn]
+            if not dropped:
+                continue
+            remaining = [m for m in messages if m.txn is not txn]
+            if remaining:
+                self._held[address] = remaining
+            else:
+                del self._held[address]
+            for message in dropped:
+                self.memory.sub(message.size)
+                message.txn = None
+                self._settle_producer(message, Settlement.released())
+        txn.undecided = 0
+
     def held_count(self, address: str) -> int:
         return len(self._held.get(address, ()))
 
@@ -601,6 +683,11 @@ class Router(Handler):
         for address, messages in list(self._held.items()):
             kept = [m for m in messages if m.producer_id != producer.id]
             self.memory.sub(sum(m.size for m in messages) - sum(m.size for m in kept))
+            for message in messages:
+                if message.producer_id == producer.id and message.txn is not None:
+                    message.txn.undecided -= 1
+                    message.txn.failure = "a producer left before flow control admitted its transfer"
+                    self.coordinator.try_commit(message.txn)
             if kept:
                 self._held[address] = kept
             else:

@@ -1,5 +1,5 @@
 """Standalone qpid-flow answers as a broker would (../shared/SEMANTICS.md section 7), seen
-by real clients: the open frame, refused transactions, ..."""
+by real clients: the open frame, ... (transactions: test_transactions.py)"""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import urllib.request
 from typing import Any
 
 import pytest
-from proton import Delivery, Endpoint, Message, Terminus, symbol
+from proton import Delivery, Message, symbol
 from proton.reactor import Copy, Selector
 from proton.utils import BlockingConnection, LinkDetached
 
 from .harness.net import free_port
-from .harness.rawclient import RawClient
 from .harness.router import StartRouter
 from .harness.scenario import run_rhea
 
@@ -32,21 +31,6 @@ def test_open_frame_names_the_broker(qpid_flow_process: StartRouter) -> None:
         assert properties["version"]
     finally:
         connection.close()
-
-
-def test_transaction_coordinator_refused_at_once(qpid_flow_process: StartRouter) -> None:
-    router = qpid_flow_process()
-    client = RawClient(router.port)
-    client.connection.open()
-    session = client.connection.session()
-    session.open()
-    coordinator = session.sender("txn-ctrl")
-    coordinator.target.type = Terminus.COORDINATOR
-    coordinator.open()
-    assert client.pump(lambda: coordinator.state & Endpoint.REMOTE_CLOSED)
-    assert coordinator.remote_condition is not None
-    assert coordinator.remote_condition.name == "amqp:not-implemented"
-    client.close()
 
 
 def test_delivery_works_with_the_passthrough_policy_disabled(qpid_flow_process: StartRouter) -> None:

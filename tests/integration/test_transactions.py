@@ -1,0 +1,319 @@
+"""Local transactions in standalone qpid-flow (AMQP 1.0 part 4), driven by Proton's own
+transaction API (``Container.declare_transaction``), as a client application uses it.
+
+A transaction's transfers are invisible until the commit and gone after a rollback; its
+consumers' outcomes take effect at the commit (the message stays out to that consumer,
+its group with it, until then) and are undone by a rollback; a commit that can no longer
+be applied whole is rolled back and the client told ``amqp:transaction:rollback``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from proton import Event, Message, Timeout
+from proton.handlers import MessagingHandler, TransactionHandler
+from proton.reactor import Container, Transaction
+from proton.utils import BlockingConnection
+
+from .harness.net import free_port
+from .harness.router import RouterProcess, StartRouter
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+
+
+class TxClient(MessagingHandler, TransactionHandler):
+    """Runs one transaction: sends ``send`` messages to ``address`` and/or takes ``take``
+    messages from it (accepting each in the transaction), calls ``before_discharge`` (the
+    moment to look at the router from outside), then commits (or aborts).
+
+    ``result`` is "committed", "aborted" or "commit failed: CONDITION".
+    """
+
+    def __init__(
+        self,
+        url: str,
+        address: str,
+        send: int = 0,
+        take: int = 0,
+        commit: bool = True,
+        before_discharge: Callable[[], None] | None = None,
+        settle_before_discharge: bool = False,
+    ) -> None:
+        super().__init__(prefetch=0, auto_accept=False)
+        self.url = url
+        self.address = address
+        self.to_send = send
+        self.to_take = take
+        self.commit = commit
+        self.before_discharge = before_discharge
+        self.settle_before_discharge = settle_before_discharge
+        self.transaction: Transaction | None = None
+        self.sent = 0
+        self.answered = 0  # transactional outcomes of the sent messages
+        self.taken: list[Any] = []
+        self.result = ""
+        self.error: BaseException | None = None
+
+    def on_start(self, event: Event) -> None:
+        self.container = event.container
+        self.connection = event.container.connect(self.url, reconnect=False)
+        if self.to_send:
+            self.sender = event.container.create_sender(self.connection, self.address)
+        if self.to_take:
+            self.receiver = event.container.create_receiver(self.connection, self.address)
+        event.container.declare_transaction(
+            self.connection, handler=self, settle_before_discharge=self.settle_before_discharge
+        )
+        self.timer = event.container.schedule(TIMEOUT, self)
+
+    def on_timer_task(self, _event: Event) -> None:
+        self.result = self.result or "timed out"
+        self.connection.close()
+
+    def on_transaction_declared(self, event: Event) -> None:
+        self.transaction = event.transaction
+        if self.to_take:
+            self.receiver.flow(self.to_take)
+        self._send()
+
+    def on_sendable(self, _event: Event) -> None:
+        self._send()
+
+    def _send(self) -> None:
+        while self.transaction and self.sent < self.to_send and self.sender.credit:
+            self.sent += 1
+            self.transaction.send(self.sender, Message(body=f"tx-{self.sent}", durable=True))
+
+    def on_delivery(self, event: Event) -> None:
+        if event.link.is_sender and event.delivery.remote_state == 0x34:
+            self.answered += 1
+            self._maybe_discharge()
+        # (MessagingHandler's own handlers get the event too: it dispatches to them after this.)
+
+    def on_message(self, event: Event) -> None:
+        assert self.transaction is not None
+        self.taken.append(event.message.body)
+        self.transaction.accept(event.delivery)
+        self._maybe_discharge()
+
+    def _maybe_discharge(self) -> None:
+        if self.transaction is None or self.result:
+            return
+        if self.answered < self.to_send or len(self.taken) < self.to_take:
+            return
+        self.result = "discharging"
+        try:
+            if self.before_discharge is not None:
+                self.before_discharge()
+        except BaseException as exc:  # reported by run(), not lost in the reactor
+            self.error = exc
+        if self.commit:
+            self.transaction.commit()
+        else:
+            self.transaction.abort()
+
+    def on_transaction_committed(self, _event: Event) -> None:
+        self._finish("committed")
+
+    def on_transaction_aborted(self, _event: Event) -> None:
+        self._finish("aborted")
+
+    def on_transaction_commit_failed(self, event: Event) -> None:
+        condition = event.delivery.remote.condition
+        self._finish(f"commit failed: {condition.name if condition else None}")
+
+    def on_transaction_declare_failed(self, _event: Event) -> None:
+        self._finish("declare failed")
+
+    def _finish(self, result: str) -> None:
+        self.result = result
+        self.timer.cancel()
+        self.connection.close()
+
+    def run(self) -> TxClient:
+        Container(self).run()
+        if self.error is not None:
+            raise self.error
+        return self
+
+
+def stats(admin: str, name: str) -> dict[str, Any]:
+    request = urllib.request.Request(f"http://{admin}/v1/destinations/{name}")
+    token = os.environ.get("QPID_FLOW_ADMIN_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        record: dict[str, Any] = json.loads(response.read())
+    return record
+
+
+def drain(router: RouterProcess, address: str, expect: int, timeout: float = 2.0) -> list[Any]:
+    """Receive (and accept) everything waiting on ``address``: ``expect`` messages, then
+    make sure no more come within ``timeout``."""
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        receiver = connection.create_receiver(address, credit=expect + 10)
+        bodies = []
+        for _ in range(expect):
+            bodies.append(receiver.receive(timeout=10).body)
+            receiver.accept()
+        try:
+            bodies.append(receiver.receive(timeout=timeout).body)
+            receiver.accept()
+        except Timeout:  # nothing more, as expected
+            pass
+        return bodies
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def router_with_admin(qpid_flow_process: StartRouter) -> tuple[RouterProcess, str]:
+    admin = f"127.0.0.1:{free_port()}"
+    return qpid_flow_process(extra_args=["--admin", admin]), admin
+
+
+def test_transactional_sends_appear_at_commit_only(router_with_admin: tuple[RouterProcess, str]) -> None:
+    router, admin = router_with_admin
+    seen_before: dict[str, Any] = {}
+    client = TxClient(
+        router.url,
+        "tx.commit",
+        send=10,
+        before_discharge=lambda: seen_before.update(stats(admin, "tx.commit")),
+    ).run()
+    assert client.result == "committed"
+    assert seen_before["depth"] == 0, "staged transfers must not be visible before the commit"
+    assert stats(admin, "tx.commit")["depth"] == 10
+    assert drain(router, "tx.commit", 10) == [f"tx-{n}" for n in range(1, 11)]
+
+
+def test_rolled_back_sends_are_dropped(router_with_admin: tuple[RouterProcess, str]) -> None:
+    router, admin = router_with_admin
+    client = TxClient(router.url, "tx.abort", send=5, commit=False).run()
+    assert client.result == "aborted"
+    assert stats(admin, "tx.abort")["depth"] == 0
+    assert drain(router, "tx.abort", 0) == []
+
+
+def test_transactional_accepts_take_effect_at_commit(router_with_admin: tuple[RouterProcess, str]) -> None:
+    router, admin = router_with_admin
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender("tx.consume")
+        for n in range(4):
+            sender.send(Message(body=f"m{n}"))
+    finally:
+        connection.close()
+    during: dict[str, Any] = {}
+    client = TxClient(
+        router.url, "tx.consume", take=4, before_discharge=lambda: during.update(stats(admin, "tx.consume"))
+    ).run()
+    assert client.result == "committed" and client.taken == ["m0", "m1", "m2", "m3"]
+    assert during["depth"] == 4, "accepted in an open transaction: still on the destination"
+    assert stats(admin, "tx.consume")["depth"] == 0
+
+
+@pytest.mark.parametrize("settle_before_discharge", [False, True])
+def test_rolled_back_accepts_give_the_messages_back(
+    router_with_admin: tuple[RouterProcess, str], settle_before_discharge: bool
+) -> None:
+    """Aborted: the messages come back to the destination, whether the client had settled
+    them (qpid-flow puts them back) or not (Proton's client releases them on abort)."""
+    router, admin = router_with_admin
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender("tx.unconsume")
+        for n in range(3):
+            sender.send(Message(body=f"m{n}"))
+    finally:
+        connection.close()
+    client = TxClient(
+        router.url, "tx.unconsume", take=3, commit=False, settle_before_discharge=settle_before_discharge
+    ).run()
+    assert client.result == "aborted" and client.taken == ["m0", "m1", "m2"]
+    assert drain(router, "tx.unconsume", 3) == ["m0", "m1", "m2"]
+    assert stats(admin, "tx.unconsume")["depth"] == 0
+
+
+def test_a_commit_that_no_longer_fits_is_rolled_back(qpid_flow_process: StartRouter) -> None:
+    """max_count 5 with ring off, 3 already waiting, 4 more in a transaction: the commit
+    would overfill the queue, so the whole transaction is rolled back and the client told."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='[destinations."tx.full"]\nmax_count = 5\nflow_stop_count = 0\nflow_resume_count = 0\n'
+        'limit_policy = "reject"\n',
+        extra_args=["--admin", admin],
+    )
+    fill: Callable[[], None] = lambda: _send_plain(router, "tx.full", 3)  # noqa: E731
+    client = TxClient(router.url, "tx.full", send=4, before_discharge=fill).run()
+    assert client.result == "commit failed: amqp:transaction:rollback"
+    assert stats(admin, "tx.full")["depth"] == 3
+    assert drain(router, "tx.full", 3) == ["plain-0", "plain-1", "plain-2"]
+
+
+def _send_plain(router: RouterProcess, address: str, count: int) -> None:
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender(address)
+        for n in range(count):
+            sender.send(Message(body=f"plain-{n}"))
+    finally:
+        connection.close()
+
+
+def test_a_group_stays_with_its_consumer_until_the_commit(qpid_flow_process: StartRouter) -> None:
+    """Shared groups: a message accepted in an open transaction is still out to its
+    consumer, so the rest of its group goes to no other consumer until the commit."""
+    router = qpid_flow_process(config_text='[destinations."tx.groups"]\nshared_groups = true\n')
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender("tx.groups")
+        sender.send(Message(body="a1", group_id="A"))
+        sender.send(Message(body="a2", group_id="A"))
+        sender.send(Message(body="b1", group_id="B"))
+    finally:
+        connection.close()
+    other: dict[str, list[Any]] = {}
+
+    def another_consumer_looks() -> None:
+        # While the transaction is open: another consumer gets group B, never A's second.
+        other["bodies"] = drain_some(router, "tx.groups", 1)
+
+    client = TxClient(router.url, "tx.groups", take=1, before_discharge=another_consumer_looks).run()
+    assert client.result == "committed" and client.taken == ["a1"]
+    assert other["bodies"] == ["b1"]
+    assert drain(router, "tx.groups", 1) == ["a2"]
+
+
+def drain_some(router: RouterProcess, address: str, expect: int) -> list[Any]:
+    """Like drain, on a thread of its own: called from inside another client's reactor."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.extend(drain(router, address, expect)))
+    thread.start()
+    thread.join(60)
+    return result
+
+
+def test_the_coordinator_link_going_rolls_back(router_with_admin: tuple[RouterProcess, str]) -> None:
+    """A client that declares, sends, and disconnects without a discharge: nothing lands."""
+    router, admin = router_with_admin
+
+    class Leaver(TxClient):
+        def _maybe_discharge(self) -> None:
+            if self.answered >= self.to_send and not self.result:
+                self._finish("left")
+
+    client = Leaver(router.url, "tx.left", send=5).run()
+    assert client.result == "left"
+    assert drain(router, "tx.left", 0) == []
+    assert stats(admin, "tx.left")["depth"] == 0
