@@ -12,7 +12,10 @@ when the destination has ``shared_groups = true``:
   queue, so the oldest message that can go goes first and a group waiting for its owner
   costs nothing until that owner has credit again;
 - released messages return to the front of their group, in their original order;
-- a group with no message and no owner is forgotten: memory follows the groups in use.
+- a group with no message and no owner is forgotten: memory follows the groups in use;
+- a consumer with a selector takes only messages it matches: a free group's head goes to a
+  ready consumer that matches it (the destination's chooser filters), and an owned group's
+  head that its owner's selector does not match waits until the owner settles the group.
 """
 
 from __future__ import annotations
@@ -297,9 +300,14 @@ class GroupedQueue:
                 heads.pop()
                 if owner.credit <= 0:
                     continue  # offered again when the owner has credit (consumer_ready)
+                selector = owner.selector
+                if selector is not None and not selector.matches(group.messages[0].selector_fields()):
+                    # Not for the owner: it waits until the owner has settled the group,
+                    # which frees it for a consumer whose selector matches (released).
+                    continue
                 consumer = owner
             else:
-                if self._sole_consumer_takes_free_groups and len(ready) == 1:
+                if self._sole_consumer_takes_free_groups and len(ready) == 1 and ready[0].selector is None:
                     choice = ready[0]
                 else:
                     choice = self._select(destination=destination, message=group.messages[0], consumers=ready)

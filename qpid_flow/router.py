@@ -309,7 +309,7 @@ class Router(Handler):
         selector = None
         applied: dict[Any, Any] = {}
         for key, value in filters.items():
-            if _is_selector(value) and not destination.policy.shared_groups:
+            if _is_selector(value):
                 try:
                     selector = parse_selector(str(value.value))
                 except SelectorError as exc:

@@ -158,19 +158,24 @@ def test_request_response_through_a_dynamic_reply_queue(qpid_flow_process: Start
         server.close()
 
 
-def _coloured(connection: BlockingConnection, address: str) -> None:
+def _coloured(connection: BlockingConnection, address: str, grouped: bool = False) -> None:
     sender = connection.create_sender(address)
     for n, colour in enumerate(["red", "green", "blue", "green", "red", "green"]):
-        sender.send(Message(body=f"{colour}-{n}", properties={"colour": colour, "n": n}))
+        group = f"g{n}" if grouped else None
+        sender.send(Message(body=f"{colour}-{n}", properties={"colour": colour, "n": n}, group_id=group))
 
 
-def test_selectors_pick_messages_per_consumer(qpid_flow_process: StartRouter) -> None:
+@pytest.mark.parametrize("shared_groups", [False, True], ids=["fifo", "shared-groups"])
+def test_selectors_pick_messages_per_consumer(qpid_flow_process: StartRouter, shared_groups: bool) -> None:
     """Proton's selected_recv.py: a consumer with `colour = 'green'` gets only green ones,
-    in order; the others stay for other consumers (rhea with its own selector here)."""
-    router = qpid_flow_process()
+    in order; the others stay for other consumers (rhea with its own selector here). The
+    same on a shared-groups destination, each message in a group of its own (within one
+    group a selector cannot skip the group's head: tests/unit/test_groups.py)."""
+    config = '[destinations."colours"]\nshared_groups = true\n' if shared_groups else None
+    router = qpid_flow_process(config_text=config)
     connection = BlockingConnection(router.url, timeout=10)
     try:
-        _coloured(connection, "colours")
+        _coloured(connection, "colours", grouped=shared_groups)
         green = connection.create_receiver("colours", options=Selector("colour = 'green' AND n > 1"))
         applied = green.link.remote_source.filter
         applied.rewind()

@@ -15,6 +15,7 @@ from qpid_flow import hookimpl
 from qpid_flow.config import DestinationPolicy
 from qpid_flow.destination import Destination
 from qpid_flow.groups import DEFAULT_GROUP, GroupedQueue, _Heads, group_key
+from qpid_flow.jms_selector import parse_selector
 from qpid_flow.manager import Hooks, build_plugin_manager
 from qpid_flow.model import Consumer, Hold, Message, Settlement
 
@@ -352,3 +353,37 @@ def test_grouping_switched_off_and_on_keeps_held_groups_with_their_holders(info_
     assert [(g["ownerId"], g["held"], g["waiting"]) for g in queue.describe()] == [(second.id, 1, 0)]
     dest.settle(second, wire.sent[-1][1], Settlement.accepted())
     assert queue.group_count == 0 and len(queue) == 0
+
+
+def coloured(text: str, group: str, colour: str) -> Message:
+    encoded = ProtonMessage(body=text, group_id=group, properties={"colour": colour}).encode()
+    return _labelled(text, encoded)
+
+
+@pytest.mark.parametrize("sole_consumer_shortcut", [False, True])
+def test_selectors_hold_with_groups(sole_consumer_shortcut: bool) -> None:
+    """A consumer with a selector gets only what it matches, and a group is still out to
+    one consumer at a time: the owner's non-matching head waits until the owner settles the
+    group, then goes to a consumer that matches it."""
+    hooks = Hooks(build_plugin_manager())
+    destination = Destination("q", DestinationPolicy(pattern="q"), hooks)
+    destination.replace_queue(
+        GroupedQueue(None, destination.queue_select, sole_consumer_takes_free_groups=sole_consumer_shortcut)
+    )
+    wire = Wire()
+    red = Consumer("q", wire.deliver, selector=parse_selector("colour = 'red'"))
+    destination.add_consumer(red)
+    destination.credit_changed(red, 10)
+    for text, group, colour in [("a1", "A", "red"), ("a2", "A", "blue"), ("b1", "B", "blue"), ("a3", "A", "red")]:
+        destination.enqueue(coloured(text, group, colour))
+    assert names(wire, red) == ["a1"]  # a2 is blue: group A's head waits for red to settle a1
+    blue = Consumer("q", wire.deliver, selector=parse_selector("colour = 'blue'"))
+    destination.add_consumer(blue)
+    destination.credit_changed(blue, 10)
+    assert names(wire, blue) == ["b1"]  # group A is red's while it holds a1
+    held = next(m for c, m in wire.sent if name(m) == "a1")
+    destination.settle(red, held, Settlement.accepted())
+    assert names(wire, blue) == ["b1", "a2"]  # A is free: its blue head goes to blue, which now owns A
+    assert names(wire, red) == ["a1"]  # a3 is red, but A is blue's until it settles a2
+    destination.settle(blue, next(m for c, m in wire.sent if name(m) == "a2"), Settlement.accepted())
+    assert names(wire, red) == ["a1", "a3"]
