@@ -86,6 +86,9 @@ class Router(Handler):
         self.access = AccessPolicy(config.acl)
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_user)
         self.coordinator = Coordinator(self)
+        # Temporary destinations made for a dynamic target: address -> the producer link
+        # that made it, whose detach deletes it (the node lives as long as its link).
+        self._dynamic_targets: dict[str, int] = {}
 
     # --- connections ----------------------------------------------------------------------
 
@@ -243,6 +246,9 @@ class Router(Handler):
         if link.remote_target.type == Terminus.COORDINATOR:
             self.coordinator.attach(link)
             return
+        if link.remote_target.dynamic:
+            self._attach_dynamic_target(link)
+            return
         address = link.remote_target.address or None
         destination = None
         if address is not None:
@@ -255,11 +261,24 @@ class Router(Handler):
         self._open_producer(link)
         self._start_producer(link, destination)
 
-    def _open_producer(self, link: Link) -> None:
-        """Answer a producer's attach as qpid-flow itself: its termini, its settle mode,
-        settlement on the first outcome, the router's message size limit."""
+    def _attach_dynamic_target(self, link: Link) -> None:
+        """A dynamic target: a temporary queue named in the attach answer, for consumers
+        to attach to by that name; deleted when this link goes (AMQP's default lifetime
+        for a dynamic node, delete-on-close)."""
+        destination = self.destinations.create_temporary()
+        self._open_producer(link, destination.address)
+        producer = self._start_producer(link, destination)
+        self._dynamic_targets[destination.address] = producer.id
+        log.debug("temporary_destination", address=destination.address, link=link.name)
+
+    def _open_producer(self, link: Link, dynamic_address: str | None = None) -> None:
+        """Answer a producer's attach as qpid-flow itself: its termini (a dynamic target
+        with the address made for it), its settle mode, settlement on the first outcome,
+        the router's message size limit."""
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
+        if dynamic_address is not None:
+            link.target.address = dynamic_address
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         if self.config.max_message_size:
@@ -381,6 +400,8 @@ class Router(Handler):
             self._drop_held(producer)
             self.hooks.producer_detached(producer=producer, destination=destination)
             log.debug("producer_detached", link=producer.id, address=producer.address)
+            if destination is not None and self._dynamic_targets.get(destination.address) == producer.id:
+                self._delete_dynamic_target(destination)
             return
         consumer = kept(link, "qf_consumer")
         if consumer is not None and self._consumers.pop(consumer.id, None) is not None:
@@ -389,9 +410,27 @@ class Router(Handler):
             if destination is not None:
                 destination.remove_consumer(consumer)
                 self.backend.consumer_detached(destination)
-                if destination.temporary and not destination.consumers:
+                if (
+                    destination.temporary
+                    and not destination.consumers
+                    and destination.address not in self._dynamic_targets
+                ):
                     self.destinations.delete(destination)
             log.debug("consumer_detached", link=consumer.id, address=consumer.address)
+
+    def _delete_dynamic_target(self, destination: Destination) -> None:
+        """The link that made a dynamic target went: the node goes, and the consumers
+        attached to it are detached with amqp:resource-deleted."""
+        del self._dynamic_targets[destination.address]
+        for consumer, link in list(self._consumers.values()):
+            if consumer.address == destination.address:
+                self._link_gone(link)
+                if link.state & Endpoint.LOCAL_ACTIVE:
+                    link.condition = Condition(
+                        "amqp:resource-deleted", f"{destination.address!r} was deleted with the link that made it"
+                    )
+                    link.close()
+        self.destinations.delete(destination)
 
     def on_link_flow(self, event: Event) -> None:
         link = event.link

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from proton import Delivery, Message, symbol
-from proton.reactor import Copy, Selector
+from proton.reactor import Copy, LinkOption, Selector
 from proton.utils import BlockingConnection, LinkDetached
 
 from .harness.net import free_port
@@ -156,6 +156,44 @@ def test_request_response_through_a_dynamic_reply_queue(qpid_flow_process: Start
     finally:
         client.close()
         server.close()
+
+
+class DynamicTarget(LinkOption):
+    """A sender whose target is dynamic: the broker makes the node and names it."""
+
+    def apply(self, link: Any) -> None:
+        link.target.dynamic = True
+        link.target.address = None
+
+    def test(self, link: Any) -> bool:
+        return bool(link.is_sender)
+
+
+def test_a_dynamic_target_lives_as_long_as_its_link(qpid_flow_process: StartRouter) -> None:
+    """A producer with a dynamic target gets a temporary queue named in the attach answer,
+    even with auto_create off; a consumer attaches to it by name; when the producer's link
+    detaches the node is deleted and its consumer detached with amqp:resource-deleted."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(config_text="auto_create = false\n", extra_args=["--admin", admin])
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender(None, options=DynamicTarget())
+        address = sender.link.remote_target.address
+        assert address and address.startswith("qpid-flow.temporary.")
+        sender.send(Message(body="to a node of my own"))
+        receiver = connection.create_receiver(address)
+        assert receiver.receive(timeout=10).body == "to a node of my own"
+        receiver.accept()
+        assert _destination(admin, address)["name"] == address
+        with pytest.raises(LinkDetached) as detached:  # the receiver's, as the sender closes
+            sender.close()
+            connection.wait(lambda: False, timeout=5)
+        assert "amqp:resource-deleted" in str(detached.value)
+        with pytest.raises(urllib.error.HTTPError) as gone:
+            _destination(admin, address)
+        assert gone.value.code == 404
+    finally:
+        connection.close()
 
 
 def _coloured(connection: BlockingConnection, address: str, grouped: bool = False) -> None:
