@@ -309,12 +309,15 @@ class Plugin:
         state = entry.state
         blocked = self._blocked(destination) or (self._control is not None and self._control.memory.over)
         named_blocked = sum(1 for p in destination.producers if p.credit == 0) if blocked else 0
-        delayed = self._control.delayed_producers(destination.address) if self._control is not None else 0
+        control = self._control
+        delayed = control.delayed_producers(destination.address) if control is not None else 0
+        held = control.held_transfers(destination.address) if control is not None else 0
         return {
             "flowStopped": state.stopped,
             "flowStoppedCount": state.stopped_count,
             "flowStoppedSeconds": round(state.seconds_stopped(self._clock()), 3),
             "producersStopped": self.stopped_by_operator(destination.address),
             "producersBlocked": named_blocked + delayed,
+            "transfersHeld": held,  # arrived, unsettled, waiting for room (reject_after)
             **state.limits.as_dict(),
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -47,8 +48,10 @@ class TxClient(MessagingHandler, TransactionHandler):
         commit: bool = True,
         before_discharge: Callable[[], None] | None = None,
         settle_before_discharge: bool = False,
+        discharge_when_sent: bool = False,
     ) -> None:
         super().__init__(prefetch=0, auto_accept=False)
+        self.discharge_when_sent = discharge_when_sent  # not waiting for the transfers' outcomes
         self.url = url
         self.address = address
         self.to_send = send
@@ -92,6 +95,7 @@ class TxClient(MessagingHandler, TransactionHandler):
         while self.transaction and self.sent < self.to_send and self.sender.credit:
             self.sent += 1
             self.transaction.send(self.sender, Message(body=f"tx-{self.sent}", durable=True))
+        self._maybe_discharge()
 
     def on_delivery(self, event: Event) -> None:
         if event.link.is_sender and event.delivery.remote_state == 0x34:
@@ -108,7 +112,8 @@ class TxClient(MessagingHandler, TransactionHandler):
     def _maybe_discharge(self) -> None:
         if self.transaction is None or self.result:
             return
-        if self.answered < self.to_send or len(self.taken) < self.to_take:
+        sent = self.sent if self.discharge_when_sent else self.answered
+        if sent < self.to_send or len(self.taken) < self.to_take:
             return
         self.result = "discharging"
         try:
@@ -317,3 +322,32 @@ def test_the_coordinator_link_going_rolls_back(router_with_admin: tuple[RouterPr
     assert client.result == "left"
     assert drain(router, "tx.left", 0) == []
     assert stats(admin, "tx.left")["depth"] == 0
+
+
+def test_a_commit_waits_for_the_transfers_flow_control_holds(qpid_flow_process: StartRouter) -> None:
+    """Flow is ON (3 waiting, stop above 2) with reject_after: a transactional transfer is
+    held, unanswered; the client commits at once; the commit waits until a consumer makes
+    room, the held transfer is admitted into the transaction, then the commit enqueues it."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='[destinations."tx.flow"]\nmax_count = 10\nflow_stop_count = 2\nflow_resume_count = 1\n'
+        'reject_after = "60s"\n',
+        extra_args=["--admin", admin],
+    )
+    _send_plain(router, "tx.flow", 3)
+    assert stats(admin, "tx.flow")["flowStopped"] is True
+    drained: list[Any] = []
+
+    def make_room_once_held() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while stats(admin, "tx.flow")["transfersHeld"] < 1:  # the transfer is held
+            assert time.monotonic() < deadline, "the transactional transfer was never held"
+            time.sleep(0.05)
+        drained.extend(drain(router, "tx.flow", 3, timeout=0.1))
+
+    drainer = threading.Thread(target=make_room_once_held, daemon=True)
+    client = TxClient(router.url, "tx.flow", send=1, discharge_when_sent=True, before_discharge=drainer.start).run()
+    drainer.join(TIMEOUT)
+    assert client.result == "committed"
+    # The drainer may get the committed message too: the commit follows its first accept.
+    assert drained + drain(router, "tx.flow", 4 - len(drained)) == ["plain-0", "plain-1", "plain-2", "tx-1"]

@@ -32,6 +32,9 @@ class FakeControl:
     def wake(self, address: str | None = None) -> None:
         self.woken.append(address)
 
+    def held_transfers(self, address: str) -> int:
+        return 0
+
     def delayed_producers(self, address: str) -> int:
         return 0
 
