@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from proton import Delivery, Message, symbol
-from proton.reactor import Copy, LinkOption, Selector
+from proton.handlers import MessagingHandler
+from proton.reactor import Container, Copy, LinkOption, Selector
 from proton.utils import BlockingConnection, LinkDetached
 
 from .harness.net import free_port
@@ -248,3 +249,48 @@ def test_browsing_leaves_the_messages_for_consumers(qpid_flow_process: StartRout
         assert [taker.receive(timeout=10).body for _ in range(6)][-1] == "green-5"
     finally:
         connection.close()
+
+
+class _OneOffNames(MessagingHandler):
+    """Sends one pre-settled message with a 0.2 s time to live to each of ``count`` new
+    names through the anonymous relay: reply addresses used once."""
+
+    def __init__(self, url: str, first: int, count: int) -> None:
+        super().__init__()
+        self.url = url
+        self.next = first
+        self.end = first + count
+
+    def on_start(self, event: Any) -> None:
+        self.sender = event.container.create_sender(event.container.connect(self.url), None)
+
+    def on_sendable(self, event: Any) -> None:
+        while self.sender.credit and self.next < self.end:
+            self.sender.send(Message(address=f"reply.{self.next}", body="x", ttl=0.2))
+            self.next += 1
+        if self.next >= self.end:
+            event.connection.close()
+
+
+def _destination_count(admin: str) -> int:
+    request = urllib.request.Request(f"http://{admin}/v1/destinations")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return len(json.loads(response.read())["destinations"])
+
+
+def test_one_off_names_are_forgotten_and_memory_stays_flat(qpid_flow_process: StartRouter) -> None:
+    """Issue 16: three rounds of 100,000 names used once each. After each round every
+    name is forgotten (expired, then idle for destination_idle_timeout), and the process's
+    resident memory after rounds 2 and 3 is no more than after round 1 (the high-water
+    mark of 100,000 destinations at once) plus 15 %: nothing piles up per name."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(config_text='destination_idle_timeout = "1s"\n', extra_args=["--admin", admin])
+    resident: list[int] = []
+    for round_number in range(3):
+        Container(_OneOffNames(router.url, round_number * 100_000, 100_000)).run()
+        deadline = time.monotonic() + 120
+        while (left := _destination_count(admin)) > 0:
+            assert time.monotonic() < deadline, f"round {round_number}: {left} destinations never forgotten"
+            time.sleep(0.2)
+        resident.append(router.resident_bytes())
+    assert max(resident[1:]) <= resident[0] * 1.15, f"resident bytes after each round: {resident}"

@@ -69,6 +69,11 @@ class RouterProcess:
     def returncode(self) -> int | None:
         return self.proc.poll()
 
+    def resident_bytes(self) -> int:
+        """The process's resident memory now (Linux /proc), for tests that watch it grow."""
+        pages = int(Path(f"/proc/{self.pid}/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
