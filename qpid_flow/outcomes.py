@@ -25,13 +25,14 @@ _TERMINAL = {
 _STATE = {outcome: state for state, outcome in _TERMINAL.items()}
 
 
-def remote_settlement(delivery: LeanDelivery) -> Settlement | None:
-    """The outcome the peer gave ``delivery``; None while it has given none.
+def remote_settlement(delivery: LeanDelivery, state: int | None = None) -> Settlement | None:
+    """The outcome the peer gave ``delivery`` (whose remote state the caller may have read
+    already: ``state``); None while it has given none.
 
     A peer that settles without an outcome is taken to have accepted: that is what
     clients that auto-settle mean, and the default outcome of a source with none set.
     """
-    outcome = _TERMINAL.get(delivery.remote_state)
+    outcome = _TERMINAL.get(delivery.remote_state if state is None else state)
     if outcome is None:
         return Settlement.accepted() if delivery.settled else None
     if outcome is Outcome.ACCEPTED:

@@ -474,10 +474,11 @@ class Router(Handler):
             if entry is None:
                 return
             delivery, message = entry
-            if delivery.remote_state == TRANSACTIONAL_STATE:
+            state = delivery.remote_state
+            if state == TRANSACTIONAL_STATE:
                 self._transactional_outcome(link, consumer, event.impl, delivery, message)
                 return
-            settlement = remote_settlement(delivery)
+            settlement = remote_settlement(delivery, state)
             if settlement is None:
                 return  # not terminal yet (e.g. received)
             del sent[event.impl]
