@@ -15,6 +15,14 @@ to find the one that kills it (saved as a .bin file); exit status 1. ``--keep-go
 new qpid-flow after a crash and go on, counting crashes by their exception (each new one is
 looked for once).
 
+Leak check: after every batch, qpid-flow's open file descriptors and resident memory (/proc);
+after the first ``--warmup`` inputs and at the end, the same once the fuzzed connections are
+closed (at the end: waited for until the descriptors are back to the warm-up level, 10 s at
+most). The report gives the samples, the growth per 1,000 connections after the warm-up, and
+exit status 1 when the descriptors end more than ``--fd-slack`` above the warm-up level or
+memory grew by more than ``--rss-bound`` KiB per fuzzed connection (tests/integration/
+harness/fuzzing.py, LeakCheck; the test applies the same bounds to 2,000 inputs).
+
 ``--record FILE``: record a new session against a standalone qpid-flow (what the test's
 fixture file holds) and exit.
 """
@@ -22,9 +30,9 @@ fixture file holds) and exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
-import os
 import re
 import signal
 import sys
@@ -40,9 +48,12 @@ if str(ROOT) not in sys.path:
 from tests.integration.harness.broker import Broker  # noqa: E402
 from tests.integration.harness.clients import ClientError  # noqa: E402
 from tests.integration.harness.fuzzing import (  # noqa: E402
+    FD_SLACK,
+    RSS_PER_CONNECTION,
     SESSION_FILE,
     Bystander,
     Input,
+    LeakCheck,
     Tally,
     alive,
     left_open,
@@ -98,6 +109,19 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("fuzz-crashes"), help="where crashing inputs go")
     parser.add_argument("--keep-going", action="store_true", help="after a crash, start a new qpid-flow and go on")
     parser.add_argument("--record", type=Path, metavar="FILE", help="record a new session into FILE and exit")
+    parser.add_argument(
+        "--warmup", type=int, help="inputs before the leak check's baseline (default: one batch)", metavar="N"
+    )
+    parser.add_argument(
+        "--fd-slack", type=int, default=FD_SLACK, help="descriptors allowed above the warm-up level at the end"
+    )
+    parser.add_argument(
+        "--rss-bound",
+        type=float,
+        default=RSS_PER_CONNECTION / 1024,
+        metavar="KIB",
+        help="resident memory growth allowed per fuzzed connection after the warm-up, KiB",
+    )
     args = parser.parse_args()
     for signum in (signal.SIGTERM, signal.SIGHUP):  # stop what was started (finally:) on these too
         signal.signal(signum, signal.default_int_handler)
@@ -134,13 +158,19 @@ def main() -> int:
     tally = Tally()
     crashes: Counter[str] = Counter()  # by signature: the exception (digits as N) or the exit code
     hung = False
+    warmup = args.batch if args.warmup is None else args.warmup
+
+    def new_leak_check() -> LeakCheck:
+        return LeakCheck(fuzzed[-1].pid, args.fd_slack, args.rss_bound * 1024)
+
+    leak = new_leak_check()  # of the live process (a new one after a crash)
+    here = 0  # inputs sent to the live process
     sending = 0.0  # seconds spent sending inputs (not restarting, not replaying suspects)
     print(f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {args.mode}, logs in {workdir}", flush=True)
     t0 = time.monotonic()
     try:
         bystander.start()
         last = args.first + args.mutations
-        before = resources(fuzzed[-1])
         by_port: dict[int, Input] = {}  # the client port of each input's connection (to the live process)
         pending: list[Input] = []  # inputs a dead process did not get, for the next one
         first = args.first
@@ -154,14 +184,8 @@ def main() -> int:
             batch = send_batch(router.host, router.port, inputs, alive(router), args.concurrency, args.read_timeout)
             sending += time.monotonic() - t
             tally.add(batch.results)
+            here += len(batch.results)
             by_port.update((r.client_port, r.input) for r in batch.results)
-            print(
-                f"{tally.inputs:>7} inputs {sending:6.1f}s {tally.inputs / sending:6.1f}/s  closed by qpid-flow "
-                f"{tally.closed_by_router}, by timeout {tally.timed_out}, hung up {tally.hung_up}, "
-                f"connect errors {tally.connect_errors}, "
-                f"crashes {crashes.total()}",
-                flush=True,
-            )
             try:
                 if not batch.died:
                     round_trip(router.url, timeout=30)
@@ -170,6 +194,18 @@ def main() -> int:
                     hung = True
                     print(f"qpid-flow alive but a well-behaved client does not round-trip: {exc}")
                     break
+            resources = ""
+            if router.returncode is None:
+                with contextlib.suppress(OSError):  # it may die right now
+                    now = leak.after_batch(here) if leak.baseline or here < warmup else leak.warmed_up(here)
+                    resources = f", fds {now.fds}, RSS {now.rss / 2**20:.1f} MiB"
+            print(
+                f"{tally.inputs:>7} inputs {sending:6.1f}s {tally.inputs / sending:6.1f}/s  closed by qpid-flow "
+                f"{tally.closed_by_router}, by timeout {tally.timed_out}, hung up {tally.hung_up}, "
+                f"connect errors {tally.connect_errors}, "
+                f"crashes {crashes.total()}{resources}",
+                flush=True,
+            )
             if router.returncode is None:
                 continue
             signature = crash_signature(router)
@@ -196,7 +232,7 @@ def main() -> int:
             fuzzed.append(start())
             bystander = Bystander(fuzzed[-1].url)
             bystander.start()
-            before = resources(fuzzed[-1])
+            leak, here = new_leak_check(), 0
         if not hung and fuzzed[-1].returncode is None:
             if not bystander.probe(30) or bystander.errors:
                 print(f"the client connected before the fuzzing is no longer served: {bystander.errors}")
@@ -204,7 +240,10 @@ def main() -> int:
             else:
                 print(f"bystander: {bystander.received} messages round-tripped on one connection, no error")
         if fuzzed[-1].returncode is None:
-            time.sleep(2)  # the last connections close
+            if leak.baseline is not None:  # waits for the last connections to close
+                leak.finish(here)
+            else:
+                time.sleep(2)  # the last connections close
             left = sorted((by_port[p] for p in left_open(fuzzed[-1].port) if p in by_port), key=lambda i: i.index)
             print(f"connections qpid-flow {len(fuzzed)} never closed after the fuzzer did (CLOSE_WAIT): {len(left)}")
             if left:
@@ -212,8 +251,6 @@ def main() -> int:
                 saved = args.out / f"seed{args.seed}-left-open.txt"
                 saved.write_text("".join(f"{item}\n\n" for item in left))
                 print(f"  in {saved}; the first: {left[0].show(128)}")
-            after = resources(fuzzed[-1])
-            print(f"qpid-flow {len(fuzzed)}: open files {before[0]} -> {after[0]}, RSS {before[1]} -> {after[1]} MiB")
     finally:
         bystander.stop()
         for r in routers:
@@ -230,6 +267,7 @@ def main() -> int:
         f"{tally.timed_out}, by the fuzzer at once (hang up) {tally.hung_up}, connect errors {tally.connect_errors}"
     )
     print(f"crashes {crashes.total()} (qpid-flow processes started for fuzzing: {len(fuzzed)}), hangs {int(hung)}")
+    leaks = leak_report(leak, len(fuzzed))
     for what, n in crashes.most_common():
         print(f"  {n:>7}  {what}")
     print("qpid-flow answered:")
@@ -238,14 +276,21 @@ def main() -> int:
     print("qpid-flow's logs, warnings and errors:")
     for what, n in sum((log_levels(r) for r in fuzzed), Counter[str]()).most_common():
         print(f"  {n:>7}  {what}")
-    return 1 if crashes or hung else 0
+    return 1 if crashes or hung or leaks else 0
 
 
-def resources(router: RouterProcess) -> tuple[int, int]:
-    """Open file descriptors and resident MiB of a live qpid-flow (a leak shows as growth)."""
-    fds = len(os.listdir(f"/proc/{router.pid}/fd"))
-    rss = int(Path(f"/proc/{router.pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    return fds, rss >> 20
+def leak_report(leak: LeakCheck, process: int) -> list[str]:
+    """Print the leak check of the last fuzzed process; what leaks (empty: nothing)."""
+    if leak.baseline is None or leak.end is None:
+        print(f"leak check of qpid-flow {process}: none (it died, or the run ended within the warm-up)")
+        return []
+    print(f"leak check of qpid-flow {process}, samples after each batch (fds, resident memory):")
+    print("\n".join(f"  {line}" for line in leak.table().splitlines()))
+    print(f"  {leak.summary()}")
+    problems = leak.problems()
+    bounds = f"at most {leak.fd_slack} fds more, {leak.rss_per_connection / 1024:.2f} KiB per connection"
+    print(f"  LEAK: {'; '.join(problems)}" if problems else f"  no leak ({bounds})")
+    return problems
 
 
 def crash_signature(router: RouterProcess) -> str:

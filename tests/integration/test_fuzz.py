@@ -5,7 +5,10 @@ ANONYMOUS, open, a sender, a message, a receiver, the message back, detach, clos
 mutated (harness/fuzzing.py) and each mutation sent on a fresh TCP connection, to
 standalone qpid-flow and to qpid-flow in front of RabbitMQ. Every batch, a well-behaved
 client still round-trips a message; a client connected before the fuzzing is never
-dropped; at the end no fuzzed connection is left open by qpid-flow. When the process dies,
+dropped; at the end no fuzzed connection is left open by qpid-flow, and nothing leaks: once
+the connections are closed, qpid-flow's open descriptors are back to where they were after
+the first batch (the warm-up), and its resident memory grew by less than a bound per fuzzed
+connection (harness/fuzzing.py, LeakCheck). When the process dies,
 the failure names the input that kills a fresh process (hex) and the router's log tail:
 enough for a regression test, as the ones here that the fuzzer found. `bench/fuzz.py` is the same
 fuzzer for longer runs (BENCHMARKS.md, "Listener fuzzing").
@@ -27,6 +30,7 @@ from .harness.fuzzing import (
     Batch,
     Bystander,
     Input,
+    LeakCheck,
     Tally,
     alive,
     answers,
@@ -187,6 +191,7 @@ def test_fuzzed_sessions_close_only_their_own_connection(start: Start, tmp_path:
     session = load_session()
     tally = Tally()
     by_port: dict[int, Input] = {}  # the client port of each input's connection
+    leak = LeakCheck(router.pid)  # the first batch is the warm-up
     t0 = time.monotonic()
     try:
         for first in range(0, MUTATIONS, BATCH):
@@ -213,6 +218,10 @@ def test_fuzzed_sessions_close_only_their_own_connection(start: Start, tmp_path:
                     f"{first + BATCH - 1} of seed {SEED} (saved in {saved}): {exc}\n{log_tail(router)}",
                     pytrace=False,
                 )
+            if first == 0:
+                leak.warmed_up(BATCH)
+            else:
+                leak.after_batch(first + BATCH)
         assert bystander.probe(30), (
             f"the client connected before the fuzzing no longer round-trips: {bystander.errors}\n{log_tail(router)}"
         )
@@ -228,12 +237,20 @@ def test_fuzzed_sessions_close_only_their_own_connection(start: Start, tmp_path:
                 f"descriptor), all in {saved}; the first:\n" + "\n".join(i.show() for i in left[:3]),
                 pytrace=False,
             )
+        # Once the fuzzed connections are closed (descriptors back to the warm-up level,
+        # waited for), with the bystander still connected as it was at the warm-up.
+        leak.finish(MUTATIONS)
     finally:
         bystander.stop()
     seconds = time.monotonic() - t0
     print(
         f"{tally.inputs} inputs in {seconds:.1f}s ({tally.inputs / seconds:.0f}/s): closed by qpid-flow "
         f"{tally.closed_by_router}, by timeout {tally.timed_out}, hung up {tally.hung_up}; "
-        f"answers {dict(tally.answers.most_common())}"
+        f"answers {dict(tally.answers.most_common())}; {leak.summary()}"
     )
     assert router.returncode is None
+    assert not leak.problems(), (
+        f"qpid-flow leaks (seed {SEED}): {'; '.join(leak.problems())}.\n{leak.summary()}\nSamples after each "
+        f"batch:\n{leak.table()}\nbench/fuzz.py --mutations 10000 runs longer (BENCHMARKS.md, 'Listener "
+        f"fuzzing').\n{log_tail(router, 20)}"
+    )
