@@ -128,10 +128,12 @@ def start_router(
     *,
     start_timeout: float = 30.0,
     python: str = sys.executable,
+    port: int | None = None,
 ) -> RouterProcess:
     """Start `python -m qpid_flow serve --listen 127.0.0.1:PORT [--broker URL] [--config F]
-    EXTRA...` on a free port, and return once the port accepts TCP connections."""
-    port = free_port()
+    EXTRA...` on a free port (or `port`, for clients that hard-code one), and return once it
+    listens."""
+    port = port or free_port()
     # One folder per router (several may run in one test), named by port so logs never mix.
     workdir = workdir / f"qpid-flow-{port}"
     workdir.mkdir(parents=True, exist_ok=True)
