@@ -3,6 +3,7 @@ by real clients: the open frame, ... (transactions: test_transactions.py)"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import time
@@ -25,13 +26,16 @@ def test_open_frame_names_the_broker(qpid_flow_process: StartRouter) -> None:
     router = qpid_flow_process()
     connection = BlockingConnection(router.url, timeout=10)
     try:
-        remote = connection.conn
-        assert remote.remote_container.startswith("qpid-flow-")
-        properties = {str(key): value for key, value in (remote.remote_properties or {}).items()}
+        container_id = connection.conn.remote_container
+        assert container_id.startswith("qpid-flow-")
+        properties = {str(key): value for key, value in (connection.conn.remote_properties or {}).items()}
         assert properties["product"] == "qpid-flow"
         assert properties["version"]
     finally:
         connection.close()
+    peer = run_rhea(router.url, "send", "open.frame", "0")["peer"]
+    assert peer["container_id"] == container_id
+    assert (peer["properties"]["product"], peer["properties"]["version"]) == ("qpid-flow", properties["version"])
 
 
 def test_delivery_works_with_the_passthrough_policy_disabled(qpid_flow_process: StartRouter) -> None:
@@ -65,6 +69,8 @@ def test_first_credit_on_a_new_destination_is_a_full_window(qpid_flow_process: S
         assert sender.link.credit == 100
     finally:
         connection.close()
+    sent = run_rhea(router.url, "send", "another.new.destination", "1")
+    assert (sent["first_credit"], sent["outcomes"]) == (100, {"accepted": 1}), sent
 
 
 def test_expired_messages_are_never_delivered_and_counted(qpid_flow_process: StartRouter) -> None:
@@ -110,8 +116,15 @@ def test_delivery_count_rises_on_failed_deliveries_only(qpid_flow_process: Start
         third = receiver.receive(timeout=10)
         assert third.delivery_count == 1 and third.body == "counted"
         receiver.accept()
+        # rhea: modified(delivery-failed) on the first arrival, then the redelivery
+        connection.create_sender("count.rhea").send(Message(body="counted by rhea"))
     finally:
         connection.close()
+    received = run_rhea(router.url, "receive", "count.rhea", "1", env={"RHEA_FAIL_FIRST": "1"})
+    assert [(body, count) for body, count, _ in received["deliveries"]] == [
+        ("counted by rhea", 0),
+        ("counted by rhea", 1),
+    ], received
 
 
 def _destination(admin: str, name: str) -> dict[str, Any]:
@@ -157,6 +170,27 @@ def test_request_response_through_a_dynamic_reply_queue(qpid_flow_process: Start
     finally:
         client.close()
         server.close()
+
+
+def test_a_rhea_client_gets_replies_on_a_dynamic_queue(qpid_flow_process: StartRouter) -> None:
+    """The same pattern with rhea as the client (its dynamic source), Proton as the server
+    answering through the anonymous relay."""
+    router = qpid_flow_process()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        client = pool.submit(run_rhea, router.url, "request", "rhea.requests", "2", "15000")
+        server = BlockingConnection(router.url, timeout=10)
+        try:
+            requests = server.create_receiver("rhea.requests")
+            answers = server.create_sender(None)
+            for _ in range(2):
+                request = requests.receive(timeout=10)
+                requests.accept()
+                answers.send(Message(address=request.reply_to, body=f"pong to {request.body}"))
+        finally:
+            server.close()
+        report = client.result()
+    assert report["reply_to"].startswith("qpid-flow.temporary."), report
+    assert (report["received"], report["errors"]) == (["pong to rhea-0", "pong to rhea-1"], []), report
 
 
 class DynamicTarget(LinkOption):
