@@ -22,7 +22,16 @@ Security (``docs/configuration.md``, Administration):
 Routes (names are URL-path-quoted with ``safe=""``: ``/queue/orders`` is
 ``%2Fqueue%2Forders``)::
 
+    GET    /                            the dashboard (static page; no token: it holds no data)
+    GET    /dashboard/{file}            its script and style sheet
+    GET    /healthz                     200 {"status": "ok"} while the reactor answers, else 503 (no token)
+    GET    /readyz                      200 {"status": "ready"} or 503 {"status": "not ready", "reason"} (no token)
+    GET    /metrics                     Prometheus text format (qpid_flow.metrics)
     GET    /v1/health                   {"status": "ok"}
+    GET    /v1/connections              {"connections": [record, ...]}   (qpid-flow stat connections)
+    GET    /v1/connections/{id}         record
+    DELETE /v1/connections/{id}         close it (amqp:connection:forced) -> {"closed": id, "user"}
+    GET    /v1/links[?connection=ID]    {"links": [record, ...]}         (qpid-flow stat links)
     GET    /v1/destinations             {"destinations": [record, ...]}
     GET    /v1/destinations/{name}      record
     PUT    /v1/destinations/{name}      body: settings (TOML keys) -> the resulting policy
@@ -36,18 +45,23 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import socket
 import socketserver
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import Any, Protocol, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from qpid_flow.config import ConfigError, is_loopback
+from qpid_flow.metrics import RouterCollector, Snapshot, registry_for
 
 __all__ = ["AdminOperations", "AdminServer", "RunInReactor", "split_host_port"]
 
@@ -68,6 +82,21 @@ _POLL_INTERVAL = 0.05
 
 # Methods that only read; every other method changes something and always needs the token.
 _READS = frozenset({"GET", "HEAD"})
+
+# Reads that need no token anywhere: probes an orchestrator makes (they say only whether
+# qpid-flow serves) and the dashboard's static files (its data comes from /v1, which does).
+_PUBLIC = re.compile(r"^/(?:healthz|readyz|dashboard/[a-z0-9_-]+\.(?:html|js|css|svg))?$")
+_STATIC_TYPES = {
+    "html": "text/html; charset=utf-8",
+    "js": "text/javascript; charset=utf-8",
+    "css": "text/css; charset=utf-8",
+    "svg": "image/svg+xml",
+}
+# The dashboard runs only its own files: no inline script or style, no other origin.
+_DASHBOARD_CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
 
 _WWW_AUTHENTICATE = {"WWW-Authenticate": 'Bearer realm="qpid-flow"'}
 _SET_A_TOKEN = (
@@ -99,6 +128,26 @@ class AdminOperations(Protocol):
         """The message groups of destination ``name``; raises KeyError if there is none."""
         ...
 
+    def connections(self) -> list[dict[str, Any]]:
+        """One record per client connection (``id``, ``remote``, ``user``, ``container``, ...)."""
+        ...
+
+    def links(self) -> list[dict[str, Any]]:
+        """One record per client link (``connection``, ``address``, ``direction``, ``credit``, ...)."""
+        ...
+
+    def close_connection(self, connection_id: str) -> dict[str, Any]:
+        """Close a client connection; raises KeyError if there is none."""
+        ...
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether qpid-flow is ready for clients, and why (not)."""
+        ...
+
+    def snapshot(self) -> Snapshot:
+        """What a metrics scrape reads (qpid_flow.metrics)."""
+        ...
+
 
 class RunInReactor(Protocol):
     """Run ``callback`` on the reactor thread and return its result (``ReactorBridge.call``).
@@ -118,6 +167,15 @@ def split_host_port(listen: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
+
+
+@dataclass(frozen=True)
+class _Raw:
+    """An answer that is not JSON (a static file, the metrics)."""
+
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class _Reply(Exception):
@@ -187,12 +245,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, {"error": message or phrase}, {"Connection": "close"})
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        data = _json_bytes(body)
+        if isinstance(body, _Raw):
+            data, content_type, headers = body.body, body.content_type, {**body.headers, **(headers or {})}
+        else:
+            data, content_type = _json_bytes(body), "application/json"
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
-        # Answers are about live state (never cache them) and are JSON only (never sniff
-        # them as anything a browser would run). No Access-Control-* header, ever.
+        # Answers are about live state (never cache them) and are what their type says
+        # (never sniff them as anything else). No Access-Control-* header, ever.
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
         for name, value in (headers or {}).items():
@@ -334,6 +395,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _check_token(self, method: str) -> None:
         admin = self.server.admin
         presented = self._bearer()
+        if presented is None and method in _READS and _PUBLIC.match(self.path.split("?", 1)[0]):
+            return
         if admin.token is not None and presented is not None:
             if not hmac.compare_digest(presented.encode("utf-8"), admin.token.encode("utf-8")):
                 raise _Reply(HTTPStatus.UNAUTHORIZED, {"error": "wrong admin token"}, _WWW_AUTHENTICATE)
@@ -391,7 +454,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _routes(self, target: str, body: bytes) -> dict[str, Callable[[], tuple[int, Any]]]:
         """The methods ``target`` takes, each with what it does; 404 for no such route."""
         admin = self.server.admin
-        path = target.split("?", 1)[0].split("#", 1)[0]
+        path, _, query = target.split("#", 1)[0].partition("?")
+        top = self._top_level(admin, path)
+        if top is not None:
+            return top
         parts = path.split("/")
         if len(parts) < 3 or parts[0] != "" or parts[1] != "v1":
             raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no such route: {path}"})
@@ -416,9 +482,73 @@ class _Handler(BaseHTTPRequestHandler):
             routes = {"POST": lambda: (200, self._producers(admin, action, body))}
         elif resource == "groups" and name:
             routes = {"GET": lambda: (200, self._groups(admin, name))}
+        elif resource == "connections" and not name:
+            routes = {"GET": lambda: (200, {"connections": admin.call(admin.operations.connections)})}
+        elif resource == "connections":
+            routes = {
+                "GET": lambda: (200, self._one_connection(admin, name)),
+                "DELETE": lambda: (200, self._close_connection(admin, name)),
+            }
+        elif resource == "links" and not name:
+            wanted = parse_qs(query).get("connection")
+            routes = {"GET": lambda: (200, {"links": self._links(admin, wanted)})}
         else:
             raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no such route: {path}"})
         return routes
+
+    def _top_level(self, admin: AdminServer, path: str) -> dict[str, Callable[[], tuple[int, Any]]] | None:
+        """Routes outside /v1: the dashboard, the probes, the metrics (None: not one of them)."""
+        if path == "/":
+            return {"GET": lambda: (200, _static("index.html"))}
+        if path.startswith("/dashboard/"):
+            name = path[len("/dashboard/") :]
+            return {"GET": lambda: (200, _static(name))}
+        if path == "/healthz":
+            return {"GET": lambda: self._healthz(admin)}
+        if path == "/readyz":
+            return {"GET": lambda: self._readyz(admin)}
+        if path == "/metrics":
+            return {"GET": lambda: (200, admin.metrics())}
+        return None
+
+    @staticmethod
+    def _healthz(admin: AdminServer) -> tuple[int, Any]:
+        try:
+            admin.call(lambda: None)
+        except TimeoutError:
+            return 503, {"status": "unavailable", "reason": "the router's reactor did not answer in time"}
+        return 200, {"status": "ok"}
+
+    @staticmethod
+    def _readyz(admin: AdminServer) -> tuple[int, Any]:
+        try:
+            ready, reason = admin.call(admin.operations.readiness)
+        except TimeoutError:
+            return 503, {"status": "not ready", "reason": "the router's reactor did not answer in time"}
+        if ready:
+            return 200, {"status": "ready", "reason": reason}
+        return 503, {"status": "not ready", "reason": reason}
+
+    @staticmethod
+    def _one_connection(admin: AdminServer, connection_id: str) -> dict[str, Any]:
+        for record in admin.call(admin.operations.connections):
+            if record.get("id") == connection_id:
+                return record
+        raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no connection {connection_id!r}"})
+
+    @staticmethod
+    def _close_connection(admin: AdminServer, connection_id: str) -> dict[str, Any]:
+        try:
+            return admin.call(lambda: admin.operations.close_connection(connection_id))
+        except KeyError as exc:
+            raise _not_found(exc, "connection", connection_id) from exc
+
+    @staticmethod
+    def _links(admin: AdminServer, connections: list[str] | None) -> list[dict[str, Any]]:
+        records = admin.call(admin.operations.links)
+        if connections:
+            records = [r for r in records if r.get("connection") in connections]
+        return records
 
     @staticmethod
     def _health(admin: AdminServer) -> dict[str, Any]:
@@ -465,6 +595,16 @@ class _Handler(BaseHTTPRequestHandler):
             raise _not_found(exc, "destination", name) from exc
 
 
+def _static(name: str) -> _Raw:
+    """A file of the dashboard (qpid_flow/dashboard), by a plain name only."""
+    match = re.fullmatch(r"[a-z0-9_-]+\.(html|js|css|svg)", name)
+    resource = resources.files("qpid_flow") / "dashboard" / name
+    if match is None or not resource.is_file():
+        raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no such file: /dashboard/{name}"})
+    headers = {"Content-Security-Policy": _DASHBOARD_CSP, "X-Frame-Options": "DENY"}
+    return _Raw(resource.read_bytes(), _STATIC_TYPES[match.group(1)], headers)
+
+
 def _names_loopback(host: str) -> bool:
     """Whether a Host header (``name[:port]``) names this machine's loopback."""
     try:
@@ -502,9 +642,13 @@ class AdminServer:
         run_in_reactor: RunInReactor,
         *,
         token: str | None = None,
+        metrics_max_destinations: int = 500,
     ) -> None:
         self.listen = listen
         self.operations = operations
+        # /metrics: one snapshot per scrape, taken on the reactor thread.
+        collector = RouterCollector(lambda: self.call(operations.snapshot), metrics_max_destinations)
+        self._metrics_registry = registry_for(collector)
         self._run_in_reactor = run_in_reactor
         self.token = token or None  # an empty token would let an empty Authorization in
         try:
@@ -514,6 +658,10 @@ class AdminServer:
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.stopping = False
+
+    def metrics(self) -> _Raw:
+        """The Prometheus text exposition of qpid-flow's metrics."""
+        return _Raw(generate_latest(self._metrics_registry), CONTENT_TYPE_LATEST)
 
     def call(self, callback: Callable[[], T]) -> T:
         """Run ``callback`` on the reactor thread (from an HTTP thread) and return its result."""

@@ -345,14 +345,57 @@ _STAT_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
 ]
 
 
+# qdstat -c: who is connected.
+_CONNECTION_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("id", lambda r: _cell(r.get("id"))),
+    ("remote", lambda r: _cell(r.get("remote"))),
+    ("user", lambda r: _cell(r.get("user"))),
+    ("container", lambda r: _cell(r.get("container"))),
+    ("opened", lambda r: _cell(r.get("opened"))),
+    ("state", lambda r: _cell(r.get("state"))),
+    ("broker", lambda r: _cell(r.get("broker"))),
+    ("upstream", lambda r: _cell(r.get("upstream"))),
+    ("sessions", lambda r: _cell(r.get("sessions"))),
+    ("links", lambda r: _cell(r.get("links"))),
+]
+
+# qdstat -l: every client link, with what flow control does to it.
+_LINK_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("connection", lambda r: _cell(r.get("connection"))),
+    ("role", lambda r: _cell(r.get("role"))),
+    ("dir", lambda r: _cell(r.get("direction"))),
+    ("address", lambda r: _cell(r.get("address"))),
+    ("state", lambda r: _cell(r.get("state"))),
+    ("credit", lambda r: _cell(r.get("credit"))),
+    ("unsettled", lambda r: _cell(r.get("unsettled"))),
+    ("deliveries", lambda r: _cell(r.get("deliveries"))),
+    ("blocked", lambda r: _cell(r.get("blocked"))),
+]
+
+
 def _stat(args: argparse.Namespace) -> int:
-    records = _client(args).request("GET", "/v1/destinations")["destinations"]
-    records = sorted(records, key=lambda r: str(r.get("name", "")))
-    if args.json:
-        _print_json({str(r.get("name")): r for r in records})
+    client = _client(args)
+    if args.what == "connections":
+        records = client.request("GET", "/v1/connections")["connections"]
+        columns, left, key = _CONNECTION_COLUMNS, 8, "id"
+    elif args.what == "links":
+        records = client.request("GET", "/v1/links")["links"]
+        columns, left, key = _LINK_COLUMNS, 5, None
     else:
-        rows = [[read(r) for _, read in _STAT_COLUMNS] for r in records]
-        print(_table([h for h, _ in _STAT_COLUMNS], rows))
+        records = client.request("GET", "/v1/destinations")["destinations"]
+        records = sorted(records, key=lambda r: str(r.get("name", "")))
+        columns, left, key = _STAT_COLUMNS, 1, "name"
+    if args.json:
+        _print_json({str(r.get(key)): r for r in records} if key else records)
+    else:
+        rows = [[read(r) for _, read in columns] for r in records]
+        print(_table([h for h, _ in columns], rows, left))
+    return 0
+
+
+def _close_connection(args: argparse.Namespace) -> int:
+    closed = _client(args).request("DELETE", f"/v1/connections/{_path_name(args.id)}")
+    print(f"closed connection {closed['closed']} (user {closed['user']})")
     return 0
 
 
@@ -424,10 +467,33 @@ def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     common = _client_options()
 
     stat = sub.add_parser(
-        "stat", parents=[common], help="destination statistics", description="Show every destination (qpid-stat -q)."
+        "stat",
+        parents=[common],
+        help="destination, connection and link statistics",
+        description="Show every destination (qpid-stat -q), connection (qdstat -c) or link (qdstat -l).",
     )
-    stat.add_argument("--json", action="store_true", help="one JSON object keyed by destination name")
+    stat.add_argument(
+        "what",
+        nargs="?",
+        choices=["destinations", "connections", "links"],
+        default="destinations",
+        help="what to show (default: destinations)",
+    )
+    stat.add_argument(
+        "--json", action="store_true", help="JSON: destinations and connections keyed by name and id, links a list"
+    )
     stat.set_defaults(func=_stat)
+
+    connection = sub.add_parser("connection", help="act on a client connection")
+    connection_sub = connection.add_subparsers(dest="action", required=True)
+    close = connection_sub.add_parser(
+        "close",
+        parents=[common],
+        help="close a client connection",
+        description="Close the client connection ID (from 'qpid-flow stat connections') with amqp:connection:forced.",
+    )
+    close.add_argument("id", help="the connection's id, e.g. c12")
+    close.set_defaults(func=_close_connection)
 
     config = sub.add_parser("config", help="add or remove destination policies", description="Change policies.")
     config_sub = config.add_subparsers(dest="config_command", required=True)

@@ -386,6 +386,7 @@ class RouterConfig:
     destination_idle_timeout: float = 60.0  # forget auto-created destinations unused this long; 0: never
     sasl_timeout: float = 10.0
     admin_token: str | None = None
+    metrics_max_destinations: int = 500  # /metrics: destinations past this are summed as "_other"
     destinations: dict[str, DestinationPolicy] = field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -510,6 +511,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "destination_idle_timeout": parse_duration,
     "sasl_timeout": parse_duration,
     "admin_token": _secret,
+    "metrics_max_destinations": _positive_int,
 }
 
 # Settings that may come from the environment, so that no secret has to be on a command

@@ -71,6 +71,12 @@ class Destination:
         self.dequeued_total = 0
         self.ring_dropped = 0
         self.expired = 0
+        # What consumers did with it (metrics and statistics; read, never reset):
+        # handed out, and settled accepted / rejected / released or modified.
+        self.delivered_total = 0
+        self.acknowledged = 0
+        self.rejected = 0
+        self.released = 0
         self.expiring = False  # a message with a time to live has been here: sweep it
         self.temporary = False  # made for a dynamic source: deleted with its link
         self.idle_since: float | None = None  # when it was last found unused (forgetting)
@@ -272,7 +278,9 @@ class Destination:
             return
         consumer.credit -= 1
         message.delivery_count += 1
+        self.delivered_total += 1
         if consumer.presettled:
+            self.acknowledged += 1  # settled on sending: at-most-once counts as accepted
             consumer.deliver(consumer, message)
             self._hooks.message_delivered(destination=self, message=message, consumer=consumer)
             self.queue.released(consumer, message, True)
@@ -288,6 +296,7 @@ class Destination:
         """A consumer settled ``message``: it leaves (accepted, rejected) or goes back."""
         if consumer.held.pop(message.sequence, None) is None:
             return  # already released (consumer detached) or settled twice
+        self.count_settled(settlement.outcome)
         self.queue.released(consumer, message, settlement.outcome.removes_message)
         if settlement.outcome.removes_message or (
             settlement.outcome is Outcome.MODIFIED and settlement.undeliverable_here and message.on_dequeue
@@ -302,6 +311,15 @@ class Destination:
         self.queue.requeue(message)
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
         self.dispatch()
+
+    def count_settled(self, outcome: Outcome) -> None:
+        """Count a consumer's outcome (also called for consumers mirrored to a broker)."""
+        if outcome is Outcome.ACCEPTED:
+            self.acknowledged += 1
+        elif outcome is Outcome.REJECTED:
+            self.rejected += 1
+        else:
+            self.released += 1  # released or modified: it goes back
 
     def _dequeue(self, message: Message, consumer: Consumer | None, settlement: Settlement) -> None:
         if self._memory is not None:
@@ -403,6 +421,10 @@ class Destination:
             "held": sum(len(c.held) for c in self.consumers),
             "enqueued": self.enqueued_total,
             "dequeued": self.dequeued_total,
+            "delivered": self.delivered_total,
+            "acknowledged": self.acknowledged,
+            "rejected": self.rejected,
+            "released": self.released,
             "ringDropped": self.ring_dropped,
             "expired": self.expired,
             "producers": len(self.producers),

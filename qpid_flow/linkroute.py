@@ -26,6 +26,7 @@ Depth is counted per destination as the broker dialect names it (``X``, ``/queue
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -107,7 +108,7 @@ class _ProducerRoute:
 class _ConsumerRoute:
     """A client's consumer link and its upstream receiver: credit and outcomes pass through."""
 
-    __slots__ = ("client", "consumer", "destination", "draining", "pending", "sent", "upstream")
+    __slots__ = ("client", "consumer", "delivered", "destination", "draining", "pending", "sent", "upstream")
 
     def __init__(self, client: Link, upstream: Link, destination: Destination | None) -> None:
         self.client = client
@@ -122,6 +123,7 @@ class _ConsumerRoute:
         # delivery, size, the message as plugins saw it or None when none listens)
         self.sent: dict[Any, tuple[LeanDelivery, LeanDelivery, int, Message | None]] = {}
         self.draining = False
+        self.delivered = 0  # messages sent to the client in all (qpid-flow stat links)
 
 
 class _Backend:
@@ -194,6 +196,7 @@ class BrokerRouter(Router):
         client.qf_user = user
         client.qf_pair = pair
         client.qf_id = pair.id
+        client.qf_remote = f"{peer[0]}:{peer[1]}"
         upstream.qf_pair = pair
         upstream.qf_upstream = True
         self.pairs.add(pair)
@@ -243,6 +246,7 @@ class BrokerRouter(Router):
         client.transport.idle_timeout = conn.transport.remote_idle_timeout
         client.open()
         self.connections.add(client)
+        client.qf_opened = time.time()
         log.info(
             "connection_opened",
             connection=pair.id,
@@ -862,6 +866,9 @@ class BrokerRouter(Router):
         observed = self._observed
         while pending and pn_link_credit(client._impl) > 0:
             data, upstream = pending.popleft()
+            route.delivered += 1
+            if route.destination is not None:
+                route.destination.delivered_total += 1
             delivery = new_delivery(client, str(next(self._tags)))
             send_transfer(client, data)
             message = self._observe_delivery(route, data) if observed else None
@@ -901,6 +908,7 @@ class BrokerRouter(Router):
         destination = route.destination
         if destination is None:
             return
+        destination.count_settled(settlement.outcome)
         if destination.depth and settlement.outcome.removes_message:
             destination.count_out(_Sized(size))  # type: ignore[arg-type]
         if message is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
@@ -25,9 +26,13 @@ import structlog
 from qpid_flow import hookspecs
 from qpid_flow.model import Hold, Reject
 
-__all__ = ["BUILTIN_PLUGINS", "Hooks", "build_plugin_manager"]
+__all__ = ["BUILTIN_PLUGINS", "PLUGIN_ERRORS", "Hooks", "build_plugin_manager"]
 
 log = structlog.get_logger(__name__)
+
+# Exceptions plugins raised, by hook (qpid_flow_plugin_errors_total): counted on the error
+# path only, read by the metrics at scrape time.
+PLUGIN_ERRORS: Counter[str] = Counter()
 
 ENTRY_POINT_GROUP = "qpid_flow"
 
@@ -123,6 +128,7 @@ def _guarded(caller: Any, hook: str, fallback: Any) -> Callable[..., Any]:
             try:
                 return caller(**kwargs)
             except Exception:
+                PLUGIN_ERRORS[hook] += 1
                 log.exception("plugin_error", hook=hook)
                 return fallback
 
@@ -132,6 +138,7 @@ def _guarded(caller: Any, hook: str, fallback: Any) -> Callable[..., Any]:
         try:
             return direct(kwargs)
         except Exception:
+            PLUGIN_ERRORS[hook] += 1
             log.exception("plugin_error", hook=hook)
             return fallback
 

@@ -186,7 +186,7 @@ class Producer:
     ``address`` is None for an anonymous-relay link (each transfer names its ``to``).
     """
 
-    __slots__ = ("address", "connection_id", "credit", "id", "last_grant", "name", "unsettled")
+    __slots__ = ("address", "connection_id", "credit", "id", "last_grant", "name", "transfers", "unsettled")
 
     def __init__(self, address: str | None, name: str = "", connection_id: str = "") -> None:
         self.id = next_link_id()
@@ -196,6 +196,7 @@ class Producer:
         self.credit = 0  # credit the producer holds right now
         self.last_grant = 0  # credit it held right after the last grant
         self.unsettled = 0  # transfers received and not yet settled back to it
+        self.transfers = 0  # transfers received in all (qpid-flow stat links)
 
     @property
     def anonymous(self) -> bool:
@@ -215,6 +216,7 @@ class Consumer:
         "connection_id",
         "credit",
         "deliver",
+        "delivered",
         "held",
         "id",
         "name",
@@ -239,6 +241,7 @@ class Consumer:
         self.name = name
         self.connection_id = connection_id
         self.credit = 0
+        self.delivered = 0  # messages sent to it in all (qpid-flow stat links)
         # Messages delivered and not settled yet, by sequence number: what a detach releases.
         self.held: dict[int, Message] = {}
         # A JMS selector (qpid_flow.jms_selector.Selector): only messages it matches come.

@@ -6,19 +6,27 @@ start all producers of a destination pattern, and see every destination's statis
 
 from __future__ import annotations
 
+import platform
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from proton import VERSION as PROTON_VERSION
 
+from qpid_flow import __version__, inventory
 from qpid_flow.config import is_pattern, parse_destination
 from qpid_flow.groups import GroupedQueue
+from qpid_flow.manager import PLUGIN_ERRORS
+from qpid_flow.metrics import Snapshot
 
 if TYPE_CHECKING:
     from qpid_flow.builtin.flow import Plugin as FlowPlugin
     from qpid_flow.config import DestinationPolicy
     from qpid_flow.control import RouterControl
     from qpid_flow.registry import Destinations
+    from qpid_flow.router import Router
 
 __all__ = ["Operations"]
 
@@ -33,10 +41,19 @@ def _policy_record(name: str, policy: DestinationPolicy) -> dict[str, Any]:
 class Operations:
     """Implements :class:`qpid_flow.admin.AdminOperations`."""
 
-    def __init__(self, destinations: Destinations, control: RouterControl, flow: FlowPlugin | None) -> None:
+    def __init__(
+        self,
+        destinations: Destinations,
+        control: RouterControl,
+        flow: FlowPlugin | None,
+        router: Router | None = None,
+        readiness: Callable[[], tuple[bool, str]] | None = None,
+    ) -> None:
         self._destinations = destinations
         self._control = control
         self._flow = flow
+        self._router = router
+        self._readiness = readiness or (lambda: (True, "ready"))
 
     def stat(self) -> list[dict[str, Any]]:
         return sorted((d.stats() for d in self._destinations), key=lambda r: r["name"])
@@ -77,3 +94,79 @@ class Operations:
         if not isinstance(queue, GroupedQueue):
             raise KeyError(f"message groups are not enabled on {name!r} (shared_groups = true)")
         return {"name": name, "groups": queue.describe()}
+
+    # --- who is connected (qpid-flow stat connections / links) -------------------------------
+
+    def _the_router(self) -> Router:
+        if self._router is None:
+            raise KeyError("no router")
+        return self._router
+
+    def connections(self) -> list[dict[str, Any]]:
+        return inventory.connection_records(self._the_router())
+
+    def links(self) -> list[dict[str, Any]]:
+        flow = self._flow
+        blocked = None
+        if flow is not None:
+
+            def blocked(address: str) -> bool:
+                destination = self._destinations.find(address)
+                return destination is not None and flow.holds_producers(destination)
+
+        return inventory.link_records(self._the_router(), blocked)
+
+    def close_connection(self, connection_id: str) -> dict[str, Any]:
+        record = inventory.close_connection(self._the_router(), connection_id, "closed by an operator")
+        log.info("connection_closed_by_operator", connection=connection_id, user=record["user"])
+        return record
+
+    # --- health and metrics ------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        return self._readiness()
+
+    def snapshot(self) -> Snapshot:
+        """Everything a metrics scrape reads, in one pass on the reactor thread."""
+        router = self._the_router()
+        memory = self._control.memory
+        sessions = links_in = links_out = 0
+        upstream: Counter[str] = Counter()
+        for conn in router.connections:
+            session = conn.session_head(0)
+            while session is not None:
+                sessions += 1
+                session = session.next(0)
+            link = conn.link_head(0)
+            while link is not None:
+                if link.is_receiver:
+                    links_in += 1
+                else:
+                    links_out += 1
+                link = link.next(0)
+        for record in inventory.connection_records(router) if router.connections else ():
+            if record["upstream"] is not None:
+                upstream[record["upstream"]] += 1
+        reader = getattr(router.backend, "group_reader", None)  # in front of a broker
+        if reader is not None:
+            upstream["open" if reader.connected else "opening"] += 1
+        records = self.stat()
+        destinations = list(self._destinations)
+        return Snapshot(
+            version=__version__,
+            proton=".".join(str(part) for part in PROTON_VERSION),
+            python=platform.python_version(),
+            ready=self.readiness()[0],
+            connections=len(router.connections),
+            sessions=sessions,
+            links_in=links_in,
+            links_out=links_out,
+            upstream=dict(upstream),
+            messages_in=self._destinations.retired_in + sum(d.enqueued_total for d in destinations),
+            messages_out=self._destinations.retired_out + sum(d.delivered_total for d in destinations),
+            memory_bytes=memory.held,
+            memory_limit=memory.limit,
+            memory_over=memory.over,
+            destinations=records,
+            plugin_errors=dict(PLUGIN_ERRORS),
+        )

@@ -28,6 +28,10 @@ class Destinations:
         self._memory = memory
         self._by_address: dict[str, Destination] = {}
         self.policies: dict[str, DestinationPolicy] = dict(config.destinations)
+        # Messages in (enqueued) and out (delivered) of destinations deleted or forgotten:
+        # router-wide totals must not go down when a destination goes.
+        self.retired_in = 0
+        self.retired_out = 0
 
     def policy_for(self, address: str) -> DestinationPolicy:
         return resolve_policy(self.policies, address, self._config.base_policy())
@@ -61,6 +65,8 @@ class Destinations:
             return 0
         dropped = destination.delete()
         del self._by_address[destination.address]
+        self.retired_in += destination.enqueued_total
+        self.retired_out += destination.delivered_total
         self._hooks.destination_deleted(destination=destination)
         return dropped
 

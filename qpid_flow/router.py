@@ -12,6 +12,7 @@ settlement on every link, and the messaging layer's conveniences cost time per m
 from __future__ import annotations
 
 import itertools
+import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -92,9 +93,10 @@ class Router(Handler):
 
     # --- connections ----------------------------------------------------------------------
 
-    def client_opened(self, conn: Connection, user: str, _peer: tuple[str, int]) -> None:
+    def client_opened(self, conn: Connection, user: str, peer: tuple[str, int]) -> None:
         """The gate signed a client in (SASL done): its AMQP open comes next."""
         conn.qf_user = user
+        conn.qf_remote = f"{peer[0]}:{peer[1]}"
 
     def on_connection_remote_open(self, event: Event) -> None:
         conn = event.connection
@@ -108,6 +110,7 @@ class Router(Handler):
             if not self.admit_connection(conn):
                 return
             self.connections.add(conn)
+            conn.qf_opened = time.time()
             log.info(
                 "connection_opened",
                 connection=conn.qf_id,
@@ -531,6 +534,7 @@ class Router(Handler):
             self.coordinator.on_control(link, delivery, data)
             return
         producer.credit = pn_link_credit(link._impl)
+        producer.transfers += 1
         presettled = delivery.settled
         address = producer.address
         if address is None:
@@ -743,6 +747,7 @@ class Router(Handler):
 
     def _deliver(self, consumer: Consumer, message: Message) -> None:
         link = self._consumers[consumer.id][1]
+        consumer.delivered += 1
         delivery = new_delivery(link, str(next(self._tags)))
         send_transfer(link, message.wire())
         if consumer.presettled:

@@ -95,8 +95,14 @@ class Server(Handler):
         self.admin: AdminServer | None = None
         if config.admin is not None:
             flow = self.hooks.pm.get_plugin("flow")
-            operations = Operations(self.destinations, self.control, flow)
-            self.admin = AdminServer(config.admin, operations, self.bridge.call, token=config.admin_token)
+            operations = Operations(self.destinations, self.control, flow, self.router, self.readiness)
+            self.admin = AdminServer(
+                config.admin,
+                operations,
+                self.bridge.call,
+                token=config.admin_token,
+                metrics_max_destinations=config.metrics_max_destinations,
+            )
         self._deadline = 0.0
         self._stopping = False
 
@@ -133,6 +139,17 @@ class Server(Handler):
         gc.freeze()
         self.container.run()
         log.info("stopped")
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: listening for clients, not shutting down, and (in front of a broker)
+        qpid-flow's own connection to the broker open (/readyz, ``qpid_flow_ready``)."""
+        if self._stopping or not self.router.accepting:
+            return False, "shutting down"
+        if not self.gates:
+            return False, "not listening yet"
+        if self.group_reader is not None and not self.group_reader.connected:
+            return False, "the broker is not reachable (qpid-flow's own connection to it is not open)"
+        return True, "listening" if self.group_reader is None else "listening; the broker is reachable"
 
     def _gate(self, host: str, port: int, tls: Any) -> Gate:
         config = self.config

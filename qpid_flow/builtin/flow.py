@@ -185,6 +185,11 @@ class Plugin:
         """Producers of this destination must wait: flow is ON or an operator stopped them."""
         return self._entry(destination).state.stopped or self.stopped_by_operator(destination.address)
 
+    def holds_producers(self, destination: Destination) -> bool:
+        """Whether this destination's producers wait now: its flow is stopped, an operator
+        stopped them, or the router is over its memory limit."""
+        return self._blocked(destination) or (self._control is not None and self._control.memory.over)
+
     def stopped_by_operator(self, address: str) -> bool:
         return any(p == address or pattern_matches(p, address) for p in self._stopped_patterns)
 

@@ -17,6 +17,7 @@ import pytest
 from qpid_flow import admin as admin_module
 from qpid_flow.admin import AdminServer
 from qpid_flow.config import ConfigError
+from qpid_flow.metrics import Snapshot
 
 T = TypeVar("T")
 
@@ -36,6 +37,7 @@ ORDERS = {
     "groups": 7,
 }
 SLASHED = {"name": "/queue/orders", "depth": 0, "bytes": 0, "flowStopped": False}
+CONNECTION = {"id": "c1", "remote": "127.0.0.1:5000", "user": "alice", "container": "app"}
 TOKEN = "t0ken-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 JSON_AUTH = {**AUTH, "Content-Type": "application/json"}
@@ -51,6 +53,7 @@ class FakeOperations:
         self.policies: set[str] = {"orders", "/queue/orders"}
         self.fail_with: Exception | None = None
         self.flow_disabled = False
+        self.ready = (True, "listening")
 
     def _enter(self, *call: Any) -> None:
         assert getattr(self.in_reactor, "active", False), f"{call[0]} ran outside run_in_reactor"
@@ -90,6 +93,44 @@ class FakeOperations:
         if self.flow_disabled:
             raise KeyError("flow control is disabled (plugin 'flow')")
         return {"action": action, "pattern": pattern, "producers": 2}
+
+    def connections(self) -> list[dict[str, Any]]:
+        self._enter("connections")
+        return [dict(CONNECTION)]
+
+    def links(self) -> list[dict[str, Any]]:
+        self._enter("links")
+        return [{"connection": "c1", "address": "orders", "direction": "in"}, {"connection": "c2", "address": "x"}]
+
+    def close_connection(self, connection_id: str) -> dict[str, Any]:
+        self._enter("close_connection", connection_id)
+        if connection_id != "c1":
+            raise KeyError(connection_id)
+        return {"closed": "c1", "user": "alice"}
+
+    def readiness(self) -> tuple[bool, str]:
+        self._enter("readiness")
+        return self.ready
+
+    def snapshot(self) -> Snapshot:
+        self._enter("snapshot")
+        return Snapshot(
+            version="0.0",
+            proton="0.40.0",
+            python="3.11",
+            ready=self.ready[0],
+            connections=1,
+            sessions=1,
+            links_in=1,
+            links_out=0,
+            upstream={},
+            messages_in=5,
+            messages_out=4,
+            memory_bytes=10,
+            memory_limit=0,
+            memory_over=False,
+            destinations=[dict(r) for r in self.records],
+        )
 
     def groups(self, name: str) -> dict[str, Any]:
         self._enter("groups", name)
@@ -243,7 +284,7 @@ def test_groups_of_an_unknown_destination_is_404(server: AdminServer) -> None:
     assert call(server, "GET", "/v1/groups/nope") == (404, {"error": "no destination 'nope'"})
 
 
-@pytest.mark.parametrize("path", ["/", "/v1", "/v2/destinations", "/v1/queues", "/v1/producers/pause", "/v1/groups/"])
+@pytest.mark.parametrize("path", ["/v1", "/v2/destinations", "/v1/queues", "/v1/producers/pause", "/v1/groups/"])
 def test_unknown_routes_are_404(server: AdminServer, ops: FakeOperations, path: str) -> None:
     status, body = call(server, "GET" if "producers" not in path else "POST", path)
     assert status == 404
@@ -611,3 +652,78 @@ def test_refusals_are_logged_without_the_token(server: AdminServer, monkeypatch:
     assert event == "admin_refused"
     assert (fields["method"], fields["status"]) == ("DELETE", 401)
     assert "not-the-token" not in repr(fields) and TOKEN not in repr(fields)
+
+
+# --- probes, metrics, connections, links, the dashboard's files ---------------------------
+
+
+def test_healthz_and_readyz_need_no_token_even_beyond_loopback(server: AdminServer, ops: FakeOperations) -> None:
+    server.loopback = False  # as if bound to 0.0.0.0: an orchestrator's probe has no token
+    assert raw(server, "GET", "/healthz", {})[::2] == (200, {"status": "ok"})
+    assert raw(server, "GET", "/readyz", {})[::2] == (200, {"status": "ready", "reason": "listening"})
+    ops.ready = (False, "the broker is not reachable")
+    assert raw(server, "GET", "/readyz", {})[::2] == (
+        503,
+        {"status": "not ready", "reason": "the broker is not reachable"},
+    )
+    # a wrong token is still wrong
+    assert raw(server, "GET", "/healthz", {"Authorization": "Bearer nope"})[0] == 401
+
+
+def test_healthz_is_503_when_the_reactor_does_not_answer(ops: FakeOperations) -> None:
+    def stuck(_callback: Callable[[], T]) -> T:
+        raise TimeoutError
+
+    admin = AdminServer("127.0.0.1:0", ops, stuck, token=TOKEN)
+    admin.start()
+    try:
+        status, answer = call(admin, "GET", "/healthz")
+        assert (status, answer["status"]) == (503, "unavailable")
+    finally:
+        admin.stop()
+
+
+def _metrics(server: AdminServer, headers: dict[str, str]) -> tuple[int, str, str]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        connection.request("GET", "/metrics", headers=headers)
+        response = connection.getresponse()
+        return response.status, response.headers["Content-Type"], response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_metrics_are_prometheus_text_and_follow_the_read_rules(server: AdminServer) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, content_type, text = _metrics(server, AUTH)
+    assert status == 200 and content_type.startswith("text/plain; version=")
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    assert samples[("qpid_flow_destination_depth_messages", (("destination", "orders"),))] == 950
+    assert samples[("qpid_flow_destination_flow_stopped", (("destination", "orders"),))] == 1
+    assert samples[("qpid_flow_destination_flow_stops_total", (("destination", "orders"),))] == 3
+    assert samples[("qpid_flow_messages_in_total", ())] == 5
+    server.loopback = False
+    assert _metrics(server, {})[0] == 401
+
+
+def test_connections_links_and_closing_one(server: AdminServer, ops: FakeOperations) -> None:
+    assert call(server, "GET", "/v1/connections") == (200, {"connections": [CONNECTION]})
+    assert call(server, "GET", "/v1/connections/c1") == (200, CONNECTION)
+    assert call(server, "GET", "/v1/connections/c9") == (404, {"error": "no connection 'c9'"})
+    status, body = call(server, "GET", "/v1/links?connection=c1")
+    assert (status, [link["connection"] for link in body["links"]]) == (200, ["c1"])
+    assert len(call(server, "GET", "/v1/links")[1]["links"]) == 2
+    assert call(server, "DELETE", "/v1/connections/c1") == (200, {"closed": "c1", "user": "alice"})
+    assert call(server, "DELETE", "/v1/connections/c9") == (404, {"error": "no connection 'c9'"})
+    assert call(server, "DELETE", "/v1/connections/c1", headers={})[0] == 401  # a change needs the token
+
+
+@pytest.mark.parametrize("path", ["/dashboard/nope.js", "/dashboard/../admin.py", "/dashboard/x.py", "/dashboard/"])
+def test_only_the_dashboards_own_files_are_served(server: AdminServer, path: str) -> None:
+    status, _, answer = raw(server, "GET", path, {})
+    assert status == 404 and "no such file" in answer["error"]

@@ -1,0 +1,89 @@
+"""The Prometheus collector alone: names, types, and destinations past the cardinality limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from qpid_flow.metrics import METRICS, OTHER, RouterCollector, Snapshot, registry_for
+
+
+def _snapshot(destinations: list[dict[str, Any]]) -> Snapshot:
+    return Snapshot(
+        version="1.2.3",
+        proton="0.40.0",
+        python="3.11.7",
+        ready=True,
+        connections=2,
+        sessions=3,
+        links_in=4,
+        links_out=5,
+        upstream={"open": 2},
+        messages_in=100,
+        messages_out=90,
+        memory_bytes=1000,
+        memory_limit=5000,
+        memory_over=False,
+        destinations=destinations,
+        plugin_errors={"qpid_flow_producer_credit": 2},
+    )
+
+
+def _record(name: str, depth: int, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "depth": depth, "bytes": depth * 10, "maxCount": 1000, "flowStopped": depth > 900, **extra}
+
+
+def _samples(destinations: list[dict[str, Any]], limit: int = 500) -> dict[tuple[str, tuple[Any, ...]], float]:
+    registry = registry_for(RouterCollector(lambda: _snapshot(destinations), limit))
+    text = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_router_metrics() -> None:
+    samples = _samples([])
+    assert samples[("qpid_flow_build_info", (("proton", "0.40.0"), ("python", "3.11.7"), ("version", "1.2.3")))] == 1
+    assert samples[("qpid_flow_links", (("direction", "out"),))] == 5
+    assert samples[("qpid_flow_upstream_connections", (("state", "open"),))] == 2
+    assert samples[("qpid_flow_upstream_connections", (("state", "closed"),))] == 0
+    assert samples[("qpid_flow_messages_out_total", ())] == 90
+    assert samples[("qpid_flow_memory_limit_bytes", ())] == 5000
+    assert samples[("qpid_flow_plugin_errors_total", (("hook", "qpid_flow_producer_credit"),))] == 2
+    assert ("process_resident_memory_bytes", ()) in samples
+
+
+def test_a_key_a_destination_does_not_have_is_left_out() -> None:
+    samples = _samples([_record("plain", 3)])
+    assert samples[("qpid_flow_destination_depth_messages", (("destination", "plain"),))] == 3
+    assert ("qpid_flow_destination_groups", (("destination", "plain"),)) not in samples
+
+
+def test_destinations_past_the_limit_are_summed_under_other() -> None:
+    records = [_record(f"q{n}", depth) for n, depth in enumerate([5, 950, 1, 7, 920])]
+    samples = _samples(records, limit=2)
+    depth = {
+        labels[0][1]: value
+        for (name, labels), value in samples.items()
+        if name == "qpid_flow_destination_depth_messages"
+    }
+    # the two deepest keep their names; the other three are summed
+    assert depth == {"q1": 950, "q4": 920, OTHER: 13}
+    assert samples[("qpid_flow_destination_max_messages", (("destination", OTHER),))] == 1000  # max, not sum
+    assert samples[("qpid_flow_metrics_destinations_aggregated", ())] == 3
+    assert samples[("qpid_flow_destinations", ())] == 5
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    for spec in METRICS:
+        assert spec.name.startswith("qpid_flow_"), spec.name
+        assert not spec.name.endswith("_total"), f"{spec.name}: the library adds _total to counters"
+        assert spec.kind in ("counter", "gauge", "info")
+        if spec.labels == ("destination",):
+            assert spec.key is not None
+    names = [(spec.name, spec.kind) for spec in METRICS]
+    assert len(names) == len(set(names))
