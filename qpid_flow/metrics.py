@@ -340,3 +340,24 @@ def registry_for(collector: RouterCollector) -> CollectorRegistry:
     registry.register(collector)
     ProcessCollector(registry=registry)
     return registry
+
+
+def exposed_name(spec: MetricSpec) -> str:
+    """The name a scrape shows: counters get ``_total``, info metrics ``_info``."""
+    return spec.name + {"counter": "_total", "info": "_info"}.get(spec.kind, "")
+
+
+def reference_table() -> str:
+    """The metrics reference of docs/operations.md, as a Markdown table (a unit test keeps
+    the document equal to it: ``python -m qpid_flow.metrics`` prints it)."""
+    lines = ["| metric | type | labels | what it says |", "|---|---|---|---|"]
+    for spec in METRICS:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
+        kind = "gauge" if spec.kind == "info" else spec.kind
+        source = f" (`{spec.key}` in `qpid-flow stat --json`)" if spec.key else ""
+        lines.append(f"| `{exposed_name(spec)}` | {kind} | {labels} | {spec.help}{source} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference_table())
