@@ -7,6 +7,7 @@ Scenarios (see BENCHMARKS.md for what each measures and the latest figures):
   transparent  Python Proton producer + consumer: direct to RabbitMQ vs through qpid-flow
   saturated    Proton C send + receive: qpid-flow standalone, the minimal relay
                (bench/minimal_relay.py), RabbitMQ direct, qpid-flow in front of RabbitMQ
+  scrape       2(a) with the admin endpoint on: no scraper vs /metrics polled every second
   latency      paced producer (C clients; Python clients for information), enqueue-to-delivery
                p50/p90/p99, direct vs through
   policies     2(a) with idle flow control, with the event log, and 1,000 message groups

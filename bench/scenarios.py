@@ -17,7 +17,9 @@ import json
 import os
 import pstats
 import signal
+import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ from common import (
 )
 
 from tests.integration.harness.cexamples import ProtonCExamples, build_c_program, build_examples
+from tests.integration.harness.net import free_port
 from tests.integration.harness.rabbitmq import RabbitMQBroker
 
 RUN_TIMEOUT = 180.0  # seconds: no single run of any scenario may take longer
@@ -1027,9 +1030,82 @@ def _short_path(filename: str) -> str:
     return Path(filename).name if "/" in filename else filename
 
 
+# --- metrics scraping ----------------------------------------------------------------------
+
+
+SCRAPE_INTERVAL = 1.0  # seconds, a busy Prometheus' rate
+
+
+class _Scraper(threading.Thread):
+    """GET /metrics every SCRAPE_INTERVAL until stopped, as Prometheus would."""
+
+    def __init__(self, admin: str) -> None:
+        super().__init__(daemon=True)
+        self.url = f"http://{admin}/metrics"
+        self.stopping = threading.Event()
+        self.scrapes = 0
+        self.bytes = 0
+
+    def run(self) -> None:
+        while not self.stopping.wait(SCRAPE_INTERVAL):
+            with urllib.request.urlopen(self.url, timeout=10) as response:
+                self.bytes = len(response.read())
+            self.scrapes += 1
+
+
+def scrape(ctx: Context) -> dict[str, Any]:
+    """Scenario 2(a) (C clients, standalone) with the admin endpoint on, without and with a
+    scraper polling /metrics every second, in one run: what collecting costs the data path.
+    Runs long enough (~8 s each) for several scrapes to land in each."""
+    count = ctx.count(300_000, 60_000)
+    scrapes: list[int] = []
+
+    def run(procs: Processes, scraped: bool) -> dict[str, Any]:
+        admin = f"127.0.0.1:{free_port()}"
+        server = start_qpid_flow(procs, config=f'admin = "{admin}"\n')
+        scraper = _Scraper(admin)
+        if scraped:
+            scraper.start()
+        try:
+            return run_c_clients(ctx, procs, server.port, address("bench-scrape"), count, server.pid)
+        finally:
+            scraper.stopping.set()
+            if scraped:
+                scraper.join(15)
+                scrapes.append(scraper.scrapes)
+
+    paths: dict[str, Callable[[Processes], dict[str, Any]]] = {
+        "a_unscraped": lambda procs: run(procs, False),
+        "b_scraped": lambda procs: run(procs, True),
+    }
+    runs = rounds_of(ctx, paths)
+    labels = {
+        "a_unscraped": "(a) qpid-flow standalone, admin endpoint on, no scraper",
+        "b_scraped": f"(b) the same, /metrics scraped every {SCRAPE_INTERVAL:.0f} s",
+    }
+    ratio = ratio_of_medians(runs["b_scraped"], runs["a_unscraped"], "rate")
+    rounds = ratio_per_round(runs["b_scraped"], runs["a_unscraped"], "rate")
+    cpu = ratio_of_medians(runs["b_scraped"], runs["a_unscraped"], "cpu_us")
+    table = [
+        f"metrics: C clients, {count:,} messages, standalone, {ctx.rounds} rounds; scrapes per run: {scrapes}",
+        *capture_table([*RATE_HEADERS, "runs"], rate_table(runs, labels)),
+        f"scraped / unscraped (rate): {_fmt(ratio, 3)}  per round: {spread_fmt(rounds, 3)}"
+        f"  CPU per message: {_fmt(cpu, 3)}",
+    ]
+    targets = [
+        {
+            "target": "metrics: standalone rate scraped every second >= 0.95 x unscraped",
+            "value": ratio,
+            "verdict": verdict(ratio, 0.95),
+        }
+    ]
+    return {"messages": count, "runs": runs, "summary": _summary(runs), "targets": targets, "table": table}
+
+
 SCENARIOS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "transparent": transparent,
     "saturated": saturated,
+    "scrape": scrape,
     "latency": latency,
     "policies": policies,
     "scale": scale,
