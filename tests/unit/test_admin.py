@@ -727,3 +727,18 @@ def test_connections_links_and_closing_one(server: AdminServer, ops: FakeOperati
 def test_only_the_dashboards_own_files_are_served(server: AdminServer, path: str) -> None:
     status, _, answer = raw(server, "GET", path, {})
     assert status == 404 and "no such file" in answer["error"]
+
+
+def test_the_dashboard_needs_no_token_and_runs_only_its_own_files(server: AdminServer) -> None:
+    server.loopback = False
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        connection.request("GET", "/")
+        response = connection.getresponse()
+        page = response.read().decode()
+    finally:
+        connection.close()
+    assert response.status == 200, page
+    assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    assert "<script" in page and "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
