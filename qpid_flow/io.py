@@ -27,6 +27,8 @@ import weakref
 from typing import Any
 
 from cproton import (
+    PN_CONNECTION_FINAL,
+    PN_CONNECTION_UNBOUND,
     PN_DELIVERY,
     PN_EOS,
     PN_LINK_FLOW,
@@ -36,6 +38,7 @@ from cproton import (
     pn_collector_peek,
     pn_collector_pop,
     pn_delivery_link,
+    pn_event_connection,
     pn_event_delivery,
     pn_event_link,
     pn_event_transport,
@@ -255,6 +258,12 @@ class RelayContainer(Container):
         self._io = BatchingIOHandler()
         super().__init__(*args, global_handler=self._io, **kwargs)
         # Connection (C pointer) -> its handler, for connections that have their own.
+        # An entry goes when its connection is unbound or finalized: C memory is reused, and a stale
+        # entry would hand a later connection at the same address (a client's) to the
+        # handler of a dead one (qpid-flow's own broker reader, retrying while the broker
+        # is down): that client's transfers were settled unseen and its producer stalled.
+        # Dropping it at unbind is safe because qpid-flow connects with reconnect=False:
+        # a reconnect is a new connection, registered anew by connect().
         self._connection_handlers: dict[Any, Any] = {}
 
     def connect(self, *args: Any, **kwargs: Any) -> Any:
@@ -316,4 +325,9 @@ class RelayContainer(Container):
                 event.dispatch(event.handler or default)
                 event.dispatch(self._global_handler)
                 self._previous = event.type
+                if kind in (PN_CONNECTION_UNBOUND, PN_CONNECTION_FINAL):
+                    # Its transport is gone (no delivery can come any more), or the
+                    # connection itself. Before the pop: until then the event keeps the C
+                    # connection alive, so its address cannot have been given to another.
+                    handlers.pop(pn_event_connection(raw), None)
             pn_collector_pop(collector)

@@ -1,0 +1,34 @@
+"""RelayContainer's own dispatch: a connection's handler is forgotten with the connection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proton.handlers import MessagingHandler
+
+from qpid_flow.io import RelayContainer
+
+from ..integration.harness.net import free_port
+
+
+class Refused(MessagingHandler):
+    """Connects where nothing listens, as qpid-flow's broker reader does while the broker is down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors = 0
+
+    def on_transport_error(self, event: Any) -> None:
+        self.errors += 1
+
+
+def test_the_handler_of_a_finished_connection_is_forgotten() -> None:
+    """Its C address is reused by later connections (a client's): a stale entry would
+    route their deliveries to this handler (the producer stall of docs/behaviour.md)."""
+    container = RelayContainer()
+    handler = Refused()
+    container.connect(f"amqp://127.0.0.1:{free_port()}", handler=handler, reconnect=False)
+    assert len(container._connection_handlers) == 1
+    container.run()
+    assert handler.errors == 1
+    assert container._connection_handlers == {}
