@@ -286,45 +286,61 @@ def test_browsing_leaves_the_messages_for_consumers(qpid_flow_process: StartRout
 
 
 class _OneOffNames(MessagingHandler):
-    """Sends one pre-settled message with a 0.2 s time to live to each of ``count`` new
+    """Sends one pre-settled message with a ``ttl`` s time to live to each of ``count`` new
     names through the anonymous relay: reply addresses used once."""
 
-    def __init__(self, url: str, first: int, count: int) -> None:
+    def __init__(self, url: str, first: int, count: int, ttl: float) -> None:
         super().__init__()
         self.url = url
         self.next = first
         self.end = first + count
+        self.ttl = ttl
 
     def on_start(self, event: Any) -> None:
         self.sender = event.container.create_sender(event.container.connect(self.url), None)
 
     def on_sendable(self, event: Any) -> None:
         while self.sender.credit and self.next < self.end:
-            self.sender.send(Message(address=f"reply.{self.next}", body="x", ttl=0.2))
+            self.sender.send(Message(address=f"reply.{self.next}", body="x", ttl=self.ttl))
             self.next += 1
         if self.next >= self.end:
             event.connection.close()
 
 
-def _destination_count(admin: str) -> int:
-    request = urllib.request.Request(f"http://{admin}/v1/destinations")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return len(json.loads(response.read())["destinations"])
+def _admin_get(admin: str, path: str) -> Any:
+    """The admin API's JSON answer to GET ``path``; None for 404."""
+    try:
+        with urllib.request.urlopen(f"http://{admin}{path}", timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
 
 
 def test_one_off_names_are_forgotten_and_memory_stays_flat(qpid_flow_process: StartRouter) -> None:
     """Issue 16: three rounds of 100,000 names used once each. After each round every
     name is forgotten (expired, then idle for destination_idle_timeout), and the process's
-    resident memory after rounds 2 and 3 is no more than after round 1 (the high-water
-    mark of 100,000 destinations at once) plus 15 %: nothing piles up per name."""
+    peak resident memory after rounds 2 and 3 is within 10 % of its peak after round 1.
+
+    Every round has the same peak, all 100,000 names at once (the time to live outlasts the
+    sending), so a round can raise the high-water mark only with what earlier rounds left
+    behind: at about 4 KB a name at the peak, anything piling up per name shows. (The
+    resident memory after a round is no measure: it swings by a third with what the
+    allocator keeps.) The wait polls the last name, not the list of all: a list of
+    100,000 records several times a second would be the largest allocation in the process."""
     admin = f"127.0.0.1:{free_port()}"
     router = qpid_flow_process(config_text='destination_idle_timeout = "1s"\n', extra_args=["--admin", admin])
-    resident: list[int] = []
+    peaks: list[int] = []
     for round_number in range(3):
-        Container(_OneOffNames(router.url, round_number * 100_000, 100_000)).run()
-        deadline = time.monotonic() + 120
-        while (left := _destination_count(admin)) > 0:
+        first = round_number * 100_000
+        Container(_OneOffNames(router.url, first, 100_000, ttl=20)).run()
+        deadline = time.monotonic() + 180
+        while _admin_get(admin, f"/v1/destinations/reply.{first + 99_999}") is not None:
+            assert time.monotonic() < deadline, f"round {round_number}: its last name is never forgotten"
+            time.sleep(0.5)
+        while left := len(_admin_get(admin, "/v1/destinations")["destinations"]):
             assert time.monotonic() < deadline, f"round {round_number}: {left} destinations never forgotten"
-            time.sleep(0.2)
-        resident.append(router.resident_bytes())
-    assert max(resident[1:]) <= resident[0] * 1.15, f"resident bytes after each round: {resident}"
+            time.sleep(1)
+        peaks.append(router.peak_resident_bytes())
+    assert max(peaks[1:]) <= peaks[0] * 1.10, f"peak resident bytes after each round: {peaks}"

@@ -74,6 +74,14 @@ class RouterProcess:
         pages = int(Path(f"/proc/{self.pid}/statm").read_text().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE")
 
+    def peak_resident_bytes(self) -> int:
+        """The most resident memory the process has had (Linux /proc VmHWM): unlike the
+        resident memory now, not blurred by what the allocator keeps after a free."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM in /proc/PID/status")
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
