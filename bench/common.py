@@ -284,6 +284,7 @@ def start_qpid_flow(
     broker_url: str | None = None,
     config: str | None = None,
     events: Path | None = None,
+    events_format: str = "jsonl",
     profile: Path | None = None,
     name: str = "qpid-flow",
 ) -> Server:
@@ -301,7 +302,7 @@ def start_qpid_flow(
         path.write_text(config)
         argv += ["--config", str(path)]
     if events is not None:
-        argv += ["--events", str(events)]
+        argv += ["--events", str(events), "--events-format", events_format]
     proc = procs.start(name, argv)
     wait_for_log(proc, '"event": "listening"', 30)
     if broker_url:

@@ -12,10 +12,10 @@ in microseconds per message; ``broker_cpu_us`` the same for RabbitMQ's Erlang VM
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pstats
+import shutil
 import signal
 import threading
 import time
@@ -696,16 +696,22 @@ def policies(ctx: Context) -> dict[str, Any]:
     py_count = ctx.count(20_000, 5_000)
     groups = 1000
 
-    def c_run(config: str | None = None, events: bool = False) -> Callable[[Processes], dict[str, Any]]:
+    def c_run(config: str | None = None, events: str | None = None) -> Callable[[Processes], dict[str, Any]]:
+        """``events``: the event log's format (None: no event log)."""
+
         def run(procs: Processes) -> dict[str, Any]:
-            events_path = procs.workdir / f"events-{uuid.uuid4().hex[:6]}.jsonl" if events else None
-            server = start_qpid_flow(procs, config=config, events=events_path)
+            events_path = procs.workdir / f"events-{uuid.uuid4().hex[:6]}" if events else None
+            server = start_qpid_flow(procs, config=config, events=events_path, events_format=events or "jsonl")
             out = run_c_clients(ctx, procs, server.port, address("bench"), count, server.pid)
             if events_path is not None:
-                out["events_bytes"] = sum(p.stat().st_size for p in procs.workdir.glob(events_path.name + "*"))
-                with contextlib.suppress(OSError):
-                    for p in procs.workdir.glob(events_path.name + "*"):
-                        p.unlink()
+                server.proc.stop()  # the last batch written, the segment finished
+                written = [p for p in procs.workdir.glob(events_path.name + "*") if p.is_file()]
+                written += [p for p in events_path.glob("*") if p.is_file()] if events_path.is_dir() else []
+                out["events_bytes"] = sum(p.stat().st_size for p in written)
+                for p in written:
+                    p.unlink(missing_ok=True)
+                if events_path.is_dir():
+                    shutil.rmtree(events_path, ignore_errors=True)
             return out
 
         return run
@@ -730,7 +736,8 @@ def policies(ctx: Context) -> dict[str, Any]:
     paths = {
         "c_baseline": c_run(),
         "c_flow_idle": c_run(IDLE_FLOW_CONFIG),
-        "c_events": c_run(events=True),
+        "c_events": c_run(events="jsonl"),
+        "c_events_parquet": c_run(events="parquet"),
         "py_no_groups": py_run(0),
         "py_groups": py_run(groups),
     }
@@ -738,11 +745,12 @@ def policies(ctx: Context) -> dict[str, Any]:
     labels = {
         "c_baseline": "C clients, qpid-flow standalone, no policy (= 2a)",
         "c_flow_idle": "... + flow control configured, not triggered",
-        "c_events": "... + event log on (--events)",
+        "c_events": "... + event log on (--events, JSON lines)",
+        "c_events_parquet": "... + event log on (--events-format parquet)",
         "py_no_groups": f"Python producer -> C receive, no groups ({py_count:,} msgs)",
         "py_groups": f"... group_id round robin over {groups:,} groups (shared_groups)",
     }
-    c_runs = {k: runs[k] for k in ("c_baseline", "c_flow_idle", "c_events")}
+    c_runs = {k: runs[k] for k in ("c_baseline", "c_flow_idle", "c_events", "c_events_parquet")}
     py_runs = {k: runs[k] for k in ("py_no_groups", "py_groups")}
     headers = [*RATE_HEADERS, "rate / baseline", "runs"]
     table = [
@@ -750,17 +758,30 @@ def policies(ctx: Context) -> dict[str, Any]:
         *capture_table(headers, rate_table(c_runs, labels, "c_baseline") + rate_table(py_runs, labels, "py_no_groups")),
     ]
     cpu_notes = []
-    for name, base in (("c_flow_idle", "c_baseline"), ("c_events", "c_baseline"), ("py_groups", "py_no_groups")):
+    for name, base in (
+        ("c_flow_idle", "c_baseline"),
+        ("c_events", "c_baseline"),
+        ("c_events_parquet", "c_baseline"),
+        ("py_groups", "py_no_groups"),
+    ):
         r = ratio_of_medians(runs[name], runs[base], "cpu_us")
         cpu_notes.append(f"{name} {_fmt(r, 2)}")
     table.append("CPU per message relative to its baseline: " + ", ".join(cpu_notes))
+    targets = [
+        {
+            "target": f"event log on / off >= 0.8 (rate, C clients, {fmt})",
+            "value": (value := ratio_of_medians(runs[name], runs["c_baseline"], "rate")),
+            "verdict": verdict(value, 0.8),
+        }
+        for name, fmt in (("c_events", "JSON lines"), ("c_events_parquet", "parquet"))
+    ]
     return {
         "messages": count,
         "python_messages": py_count,
         "groups": groups,
         "runs": runs,
         "summary": _summary(runs),
-        "targets": [],
+        "targets": targets,
         "table": table,
     }
 

@@ -82,7 +82,12 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     serve.add_argument(
         "--events",
         metavar="PATH",
-        help="write the event log (JSON lines, rotated) to PATH; see docs/events.md (default: none)",
+        help="write the event log to PATH (a file for jsonl, a folder for parquet); see docs/events.md (default: none)",
+    )
+    serve.add_argument(
+        "--events-format",
+        choices=["jsonl", "parquet"],
+        help="the event log's format: JSON lines, or columnar segments for Spark (default: jsonl)",
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["auto", "json", "console"])
@@ -107,6 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
         "broker": args.broker,
         "admin": args.admin,
         "events": args.events,
+        "events_format": args.events_format,
         "log_level": args.log_level,
         "log_format": args.log_format,
         "disable_plugins": args.disable_plugin,

@@ -182,6 +182,16 @@ def _one_of(*choices: str) -> Callable[[Any, str], str]:
     return check
 
 
+def _events_format(value: Any, key: str) -> str:
+    chosen = _one_of("jsonl", "parquet")(value, key)
+    if chosen == "parquet":
+        try:
+            import pyarrow  # noqa: F401  (the columnar event log writes with it)
+        except ImportError:
+            raise ConfigError(key, value, "needs pyarrow: pip install 'qpid-flow[analytics]'") from None
+    return chosen
+
+
 def _string_list(value: Any, key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(key, value, "must be a list of strings")
@@ -355,6 +365,7 @@ class RouterConfig:
     shutdown_timeout: float = 5.0
     default_message_group: str = "qpid.no-group"
     events: str | None = None
+    events_format: str = "jsonl"
     events_max_bytes: int = 100 * 1024 * 1024
     events_backups: int = 5
     default_flow_stop_threshold: int = 80
@@ -482,6 +493,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "shutdown_timeout": parse_duration,
     "default_message_group": _string,
     "events": _string,
+    "events_format": _events_format,
     "events_max_bytes": parse_size,
     "events_backups": _non_negative_int,
     "default_flow_stop_threshold": _percent,

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from proton import Message
 
+from qpid_flow.builtin.event_writers import read_rows
+
 from .clients import Producer, run_all, unique
 from .harness.net import free_port
 from .harness.router import admin_request
@@ -224,17 +226,24 @@ def test_groups_cli_lists_each_group_with_owner_held_and_waiting(qpid_flow_proce
     assert record["groups"] == 2 and record["groupHeader"] == "JMSXGroupID"
 
 
-def test_the_event_log_records_messages_and_groups(qpid_flow_process, tmp_path) -> None:
-    events = tmp_path / "events" / "events.jsonl"
+@pytest.mark.parametrize("events_format", ["jsonl", "parquet"])
+def test_the_event_log_records_messages_and_groups(qpid_flow_process, tmp_path, events_format) -> None:
+    """Both formats record the same events; parquet's segment is finished at shutdown."""
+    events = tmp_path / "events" / ("events.jsonl" if events_format == "jsonl" else "segments")
     router = qpid_flow_process(
-        config_text='[destinations."logged"]\nshared_groups = true\n', extra_args=["--events", str(events)]
+        config_text='[destinations."logged"]\nshared_groups = true\n',
+        extra_args=["--events", str(events), "--events-format", events_format],
     )
     producer = Producer(router.url, "logged", group_messages(3, 5, 0, 1))
     run_all(producer)
     consumer = start_consumer(router.url, "logged", 5, 0, tmp_path / "c.log")
     wait_all([consumer], 60)
     router.stop()
-    records = [json.loads(line) for line in events.read_text().splitlines()]
+    if events_format == "jsonl":
+        records = read_rows([events])
+    else:
+        assert not list(events.glob("*.arrows")), "a clean stop leaves only Parquet"
+        records = read_rows(sorted(events.glob("*.parquet")))
     assert {r["v"] for r in records} == {1} and len({r["run"] for r in records}) == 1
     kinds: dict[str, list[dict[str, Any]]] = {}
     for record in records:

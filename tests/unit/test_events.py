@@ -1,31 +1,200 @@
-"""The event log's file: one line per event, rotated by size, nothing lost across rotation."""
+"""The event log's writers: JSON lines rotated by size, columnar segments that survive a
+crash, and a writer thread that never blocks the reactor."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
-from qpid_flow.builtin.events import RotatingEventFile
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from qpid_flow.builtin.event_writers import (
+    COLUMNS,
+    JsonLinesSink,
+    Row,
+    SegmentSink,
+    WriterThread,
+    read_rows,
+    recover_segments,
+)
 
 
-def test_lines_rotate_by_size_and_keep_the_configured_backups(tmp_path: Path) -> None:
+def _enqueue(n: int) -> Row:
+    return ("enqueue", 1700000000.0 + n, n, "q", n, f"id-{n}", 40, None, 3, n, 40 * n)
+
+
+def _rows(count: int, first: int = 1) -> list[Row]:
+    rows: list[Row] = []
+    for n in range(first, first + count):
+        rows.append(_enqueue(n))
+    return rows
+
+
+def test_jsonl_lines_have_the_documented_fields_in_order(tmp_path: Path) -> None:
+    sink = JsonLinesSink(tmp_path / "events.jsonl", "run1", max_bytes=0, backups=0)
+    sink.write(
+        [
+            _enqueue(1),
+            ("deliver", 2.0, 2, "q", 1, 40, "g", 7, 1),
+            ("settle", 3.0, 3, "q", 1, 40, "g", 7, "accepted", None, 0, 0),
+            ("transfer_settled", 4.0, 4, "q", 1, 40, 3, "accepted", None),
+            ("flow_stopped", 5.0, 5, "q", {"depth": 9, "bytes": 90, "producers": 1}),
+        ]
+    )
+    sink.close()
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    expected = ["v", "ts", "run", "n", "event", "address", "seq", "id", "size", "group", "producer", "depth", "bytes"]
+    assert list(records[0]) == expected
+    assert records[0]["run"] == "run1" and records[0]["v"] == 1
+    assert records[1] == {
+        "v": 1,
+        "ts": 2.0,
+        "run": "run1",
+        "n": 2,
+        "event": "deliver",
+        "address": "q",
+        "seq": 1,
+        "size": 40,
+        "group": "g",
+        "consumer": 7,
+        "delivery_count": 1,
+    }
+    assert records[2]["outcome"] == "accepted" and records[2]["condition"] is None
+    assert records[3]["producer"] == 3
+    assert records[4]["event"] == "flow_stopped" and records[4]["depth"] == 9
+
+
+def test_jsonl_rotates_by_size_and_keeps_the_configured_backups(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
-    log = RotatingEventFile(path, max_bytes=1000, backups=2)
-    for i in range(100):
-        log.info(json.dumps({"n": i, "pad": "x" * 40}))
-    log.close()
+    sink = JsonLinesSink(path, "r", max_bytes=1000, backups=2)
+    for n in range(1, 101):
+        sink.write([_enqueue(n)])
+    sink.close()
     files = sorted(tmp_path.iterdir())
     assert [f.name for f in files] == ["events.jsonl", "events.jsonl.1", "events.jsonl.2"]
-    assert all(f.stat().st_size <= 1000 + 60 for f in files)
-    numbers = sorted(json.loads(line)["n"] for f in files for line in f.read_text().splitlines())
+    assert all(f.stat().st_size <= 1000 + 200 for f in files)
+    numbers = sorted(record["n"] for record in read_rows(files))
     # The newest lines are all there, in order, with nothing torn; the oldest went away.
-    assert numbers == list(range(numbers[0], 100))
+    assert numbers == list(range(numbers[0], 101))
 
 
-def test_an_existing_file_is_appended_to(tmp_path: Path) -> None:
+def test_jsonl_appends_to_an_existing_file(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text('{"n": -1}\n')
-    log = RotatingEventFile(path, max_bytes=0, backups=0)
-    log.info('{"n": 0}')
-    log.close()
-    assert path.read_text().splitlines() == ['{"n": -1}', '{"n": 0}']
+    sink = JsonLinesSink(path, "r", max_bytes=0, backups=0)
+    sink.write([_enqueue(1)])
+    sink.close()
+    assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == [-1, 1]
+
+
+def test_segments_become_parquet_with_every_documented_column(tmp_path: Path) -> None:
+    sink = SegmentSink(tmp_path, "run1", max_bytes=0, backups=0)
+    sink.write(_rows(10))
+    sink.write([("group_assigned", 9.0, 11, "q", {"group": "g", "consumer": 2})])
+    sink.close()
+    (parquet,) = tmp_path.glob("*.parquet")
+    assert parquet.name == "events-run1-00001.parquet"
+    assert not list(tmp_path.glob("*.arrows")), "the stream of a finished segment is deleted"
+    table = pq.read_table(parquet)
+    assert table.schema.names == [name for name, _ in COLUMNS]
+    records = sorted(table.to_pylist(), key=lambda r: r["n"])
+    assert [r["n"] for r in records] == list(range(1, 12))
+    assert records[0]["id"] == "id-1" and records[0]["producer"] == 3 and records[0]["consumer"] is None
+    assert records[-1]["event"] == "group_assigned" and records[-1]["group"] == "g" and records[-1]["seq"] is None
+    assert {r["run"] for r in records} == {"run1"} and {r["v"] for r in records} == {1}
+
+
+def test_a_full_segment_is_closed_and_the_oldest_pruned(tmp_path: Path) -> None:
+    sink = SegmentSink(tmp_path, "r", max_bytes=2000, backups=2)
+    for first in range(1, 2001, 100):
+        sink.write(_rows(100, first))
+    sink.close()
+    finished = sorted(p.name for p in tmp_path.glob("*.parquet"))
+    assert len(finished) == 2, finished
+    numbers = sorted(r["n"] for r in read_rows(tmp_path.glob("*.parquet")))
+    assert numbers[-1] == 2000 and numbers == list(range(numbers[0], 2001))
+
+
+def test_a_killed_writer_leaves_a_stream_read_to_its_last_flush(tmp_path: Path) -> None:
+    """kill -9 between flushes: the open stream is readable up to the last complete batch,
+    a torn tail is left out, and the next start converts it to Parquet."""
+    sink = SegmentSink(tmp_path, "r", max_bytes=0, backups=0)
+    sink.write(_rows(50))
+    sink.write(_rows(50, 51))
+    (stream,) = tmp_path.glob("*.arrows")
+    # What a crash mid-write leaves: the start of a third batch and no end-of-stream marker.
+    with stream.open("ab") as torn:
+        torn.write(b"\xff\xff\xff\xff\x10\x02\x00\x00partial batch")
+    assert [r["n"] for r in read_rows([stream])] == list(range(1, 101))
+    recovered = recover_segments(tmp_path)
+    assert [p.suffix for p in recovered] == [".parquet"]
+    assert not stream.exists()
+    assert [r["n"] for r in read_rows(recovered)] == list(range(1, 101))
+
+
+def test_a_fresh_start_recovers_what_a_crash_left(tmp_path: Path) -> None:
+    sink = SegmentSink(tmp_path, "old", max_bytes=0, backups=0)
+    sink.write(_rows(5))  # never closed: the process died
+    SegmentSink(tmp_path, "new", max_bytes=0, backups=0).close()
+    assert [p.name for p in tmp_path.iterdir()] == ["events-old-00001.parquet"]
+
+
+class _SlowSink:
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.rows: list[Row] = []
+        self.closed = False
+
+    def write(self, rows: Sequence[Row]) -> None:
+        self.release.wait(10)
+        self.rows.extend(rows)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_writer_thread_drops_and_counts_when_the_disk_falls_behind() -> None:
+    sink = _SlowSink()
+    writer = WriterThread(sink, max_pending=2)
+    for first in range(1, 41, 10):  # one taken by the thread and stuck, two queued, one dropped
+        writer.submit(_rows(10, first))
+    assert writer.dropped >= 10
+    sink.release.set()
+    writer.close()
+    assert sink.closed
+    assert len(sink.rows) + writer.dropped == 40
+
+
+class _FailingSink:
+    closed = False
+
+    def write(self, rows: Sequence[Row]) -> None:
+        raise OSError("disk full")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_failing_sink_is_counted_and_does_not_stop_the_writer() -> None:
+    sink = _FailingSink()
+    writer = WriterThread(sink)
+    writer.submit(_rows(3))
+    writer.submit(_rows(4))
+    writer.close()
+    assert writer.failed == 7 and sink.closed
+
+
+def test_parquet_needs_pyarrow_only_when_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qpid_flow.config import ConfigError, RouterConfig, load_config
+
+    assert RouterConfig().events_format == "jsonl"
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
+    with pytest.raises(ConfigError, match="events_format = 'parquet': needs pyarrow"):
+        load_config(None, {"events_format": "parquet"}, {})
+    assert load_config(None, {"events_format": "jsonl"}, {}).events_format == "jsonl"
+    assert pa  # imported above: the real one is back for the other tests

@@ -1,0 +1,345 @@
+"""Where the event log's records go: a writer thread, and a file format behind it.
+
+The reactor only appends a tuple per event (see ``builtin/events.py``) and, every flush
+interval, hands the batch to :class:`WriterThread`. Everything that costs (formatting
+JSON, building Arrow columns, compressing, system calls) happens on that thread, and
+the reactor never waits for it: a full queue drops the batch and counts it.
+
+A row is ``(event, ts, n, address, *values)``: for the per-message events the values
+are those of :data:`MESSAGE_FIELDS`, in that order; for the rare state events a single
+dict of their fields.
+
+Two formats, both with docs/events.md's field names:
+
+- ``jsonl``: :class:`JsonLinesSink`, one JSON object per line, rotated by size, for people
+  who tail the log and for any tool;
+- ``parquet``: :class:`SegmentSink`, columnar, for Spark. The open segment is an Arrow IPC
+  stream (``events-RUN-K.arrows``) that gets one record batch per flush: a stream is
+  readable up to its last complete batch, so a kill -9 loses at most the last flush.
+  A full segment is rewritten as Parquet (``events-RUN-K.parquet``, written under a
+  hidden name and renamed) and its stream deleted; a stream left behind by a crash is
+  converted the next time qpid-flow starts on the folder (:func:`recover_segments`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+SCHEMA_VERSION = 1
+
+log = structlog.get_logger("qpid_flow.events")
+
+# The per-message events and their fields after (ts, n, address): one tuple each.
+MESSAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    "enqueue": ("seq", "id", "size", "group", "producer", "depth", "bytes"),
+    "deliver": ("seq", "size", "group", "consumer", "delivery_count"),
+    "settle": ("seq", "size", "group", "consumer", "outcome", "condition", "depth", "bytes"),
+    "transfer_settled": ("seq", "size", "producer", "outcome", "condition"),
+}
+
+# Every column of the columnar format, with its Arrow type name: docs/events.md's fields.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("v", "int32"),
+    ("ts", "float64"),
+    ("run", "string"),
+    ("n", "int64"),
+    ("event", "string"),
+    ("address", "string"),
+    ("seq", "int64"),
+    ("id", "string"),
+    ("size", "int64"),
+    ("group", "string"),
+    ("producer", "int64"),
+    ("consumer", "int64"),
+    ("depth", "int64"),
+    ("bytes", "int64"),
+    ("delivery_count", "int64"),
+    ("outcome", "string"),
+    ("condition", "string"),
+    ("reason", "string"),
+    ("window", "int64"),
+    ("producers", "int64"),
+    ("flowStopCount", "int64"),
+    ("flowResumeCount", "int64"),
+    ("flowStopSize", "int64"),
+    ("flowResumeSize", "int64"),
+    ("maxCount", "int64"),
+    ("maxSize", "int64"),
+    ("limitPolicy", "string"),
+    ("grouped", "bool_"),
+    ("producerWindow", "int64"),
+)
+
+Row = tuple[Any, ...]
+
+
+class Sink(Protocol):
+    """A file format: called on the writer thread only."""
+
+    def write(self, rows: Sequence[Row]) -> None:
+        """Write ``rows`` and hand them to the operating system (a kill -9 keeps them)."""
+
+    def close(self) -> None:
+        """Finish the files (a segment becomes Parquet)."""
+
+
+def _as_dict(row: Row) -> dict[str, Any]:
+    """A row as the JSON object of docs/events.md, keys in the documented order."""
+    event, ts, n, address = row[0], row[1], row[2], row[3]
+    head: dict[str, Any] = {"v": SCHEMA_VERSION, "ts": ts, "run": None, "n": n, "event": event, "address": address}
+    names = MESSAGE_FIELDS.get(event)
+    if names is None:
+        head.update(row[4])
+    else:
+        head.update(zip(names, row[4:], strict=True))
+    return head
+
+
+class JsonLinesSink:
+    """JSON lines, rotated by size: ``PATH``, then ``PATH.1`` ... ``PATH.backups``."""
+
+    def __init__(self, path: Path, run: str, max_bytes: int, backups: int) -> None:
+        self.path = path
+        self.run = run
+        self.max_bytes = max_bytes
+        self.backups = backups
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+        self._size = self._file.tell()
+
+    def write(self, rows: Sequence[Row]) -> None:
+        run = self.run
+        dumps = json.dumps
+        for row in rows:
+            record = _as_dict(row)
+            record["run"] = run
+            line = dumps(record)
+            self._file.write(line)
+            self._file.write("\n")
+            self._size += len(line) + 1
+            if self.max_bytes and self._size >= self.max_bytes:
+                self._rotate()
+        self._file.flush()
+
+    def _rotate(self) -> None:
+        self._file.close()
+        for index in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                older.rename(self.path.with_name(f"{self.path.name}.{index + 1}"))
+        if self.backups:
+            self.path.rename(self.path.with_name(f"{self.path.name}.1"))
+        else:
+            self.path.unlink()
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+        self._size = 0
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _arrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.ipc
+        import pyarrow.parquet
+    except ImportError as exc:  # checked when the configuration is read; here for direct users
+        raise RuntimeError("events_format = 'parquet' needs pyarrow: pip install 'qpid-flow[analytics]'") from exc
+    return pyarrow
+
+
+@functools.cache
+def arrow_schema() -> Any:
+    pa = _arrow()
+    return pa.schema([(name, getattr(pa, type_name)()) for name, type_name in COLUMNS])
+
+
+def _batch(rows: Sequence[Row], run: str) -> Any:
+    """One Arrow record batch of ``rows``: per-message events column by column (the bulk),
+    state events through their dicts."""
+    pa = _arrow()
+    schema = arrow_schema()
+    columns: dict[str, list[Any]] = {name: [] for name, _ in COLUMNS}
+    by_event: dict[str, list[Row]] = {}
+    states: list[Row] = []
+    for row in rows:
+        if row[0] in MESSAGE_FIELDS:
+            by_event.setdefault(row[0], []).append(row)
+        else:
+            states.append(row)
+    for event, group in by_event.items():
+        count = len(group)
+        names = ("event", "ts", "n", "address", *MESSAGE_FIELDS[event])
+        transposed = list(zip(*group, strict=True))
+        present = set(names)
+        for name, values in zip(names, transposed, strict=True):
+            columns[name].extend(values)
+        for name, _ in COLUMNS:
+            if name not in present:
+                columns[name].extend([None] * count)
+    for row in states:
+        record = _as_dict(row)
+        for name, _ in COLUMNS:
+            columns[name].append(record.get(name))
+    total = len(rows)
+    columns["v"] = [SCHEMA_VERSION] * total
+    columns["run"] = [run] * total
+    arrays = [pa.array(columns[name], type=field.type) for name, field in zip(columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _stream_batches(path: Path) -> list[Any]:
+    """The complete record batches of an Arrow IPC stream; a torn last batch is left out."""
+    pa = _arrow()
+    batches: list[Any] = []
+    try:
+        with pa.ipc.open_stream(pa.OSFile(str(path), "rb")) as reader:
+            while True:
+                batches.append(reader.read_next_batch())
+    except StopIteration:
+        pass
+    except (pa.ArrowInvalid, OSError):
+        pass  # torn by a crash, or empty: what came before is kept
+    return batches
+
+
+def _to_parquet(stream: Path) -> Path:
+    """Rewrite a segment's stream as Parquet (hidden name, then renamed), then delete it."""
+    pa = _arrow()
+    target = stream.with_suffix(".parquet")
+    hidden = target.with_name(f".{target.name}.tmp")
+    table = pa.Table.from_batches(_stream_batches(stream), schema=arrow_schema())
+    pa.parquet.write_table(table, str(hidden), compression="zstd")
+    os.replace(hidden, target)
+    stream.unlink()
+    return target
+
+
+def recover_segments(folder: Path) -> list[Path]:
+    """Convert the open segments a crashed run left in ``folder`` to Parquet."""
+    recovered = []
+    for stream in sorted(folder.glob("events-*.arrows")):
+        recovered.append(_to_parquet(stream))
+    for torn in folder.glob(".events-*.parquet.tmp"):
+        torn.unlink()  # a conversion cut short: its stream was kept and is converted above
+    return recovered
+
+
+class SegmentSink:
+    """Columnar segments in ``folder``: an Arrow IPC stream while open, Parquet once full.
+
+    ``max_bytes`` bounds a segment's stream; ``backups`` is how many finished Parquet
+    segments are kept besides the open one (0: all are kept)."""
+
+    def __init__(self, folder: Path, run: str, max_bytes: int, backups: int) -> None:
+        self.folder = folder
+        self.run = run
+        self.max_bytes = max_bytes
+        self.backups = backups
+        folder.mkdir(parents=True, exist_ok=True)
+        recover_segments(folder)
+        self._index = 0
+        self._writer: Any = None
+        self._sink: Any = None
+        self._stream: Path | None = None
+
+    def _open(self) -> None:
+        pa = _arrow()
+        self._index += 1
+        self._stream = self.folder / f"events-{self.run}-{self._index:05d}.arrows"
+        self._sink = pa.OSFile(str(self._stream), "wb")
+        options = pa.ipc.IpcWriteOptions(compression="lz4")
+        self._writer = pa.ipc.new_stream(self._sink, arrow_schema(), options=options)
+
+    def write(self, rows: Sequence[Row]) -> None:
+        if not rows:
+            return
+        if self._writer is None:
+            self._open()
+        self._writer.write_batch(_batch(rows, self.run))
+        self._sink.flush()
+        if self.max_bytes and self._sink.tell() >= self.max_bytes:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._writer is None or self._stream is None:
+            return
+        self._writer.close()
+        self._sink.close()
+        self._writer = None
+        _to_parquet(self._stream)
+        self._stream = None
+        self._prune()
+
+    def _prune(self) -> None:
+        if not self.backups:
+            return
+        finished = sorted(self.folder.glob("events-*.parquet"), key=lambda p: p.stat().st_mtime)
+        for old in finished[: -self.backups]:
+            old.unlink()
+
+    def close(self) -> None:
+        self._finish()
+
+
+class WriterThread:
+    """Hands batches of rows to a :class:`Sink` on its own thread; never blocks the caller."""
+
+    def __init__(self, sink: Sink, max_pending: int = 64) -> None:
+        self.sink = sink
+        self.dropped = 0  # rows lost because the writer fell behind
+        self.failed = 0  # rows lost because the sink raised
+        self._queue: queue.Queue[list[Row] | None] = queue.Queue(max_pending)
+        self._thread = threading.Thread(target=self._run, name="qpid-flow-events", daemon=True)
+        self._thread.start()
+
+    def submit(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        try:
+            self._queue.put_nowait(rows)
+        except queue.Full:
+            # The disk cannot keep up: losing log lines beats stalling every client.
+            self.dropped += len(rows)
+            log.warning("event_log_behind", dropped_rows=len(rows), dropped_total=self.dropped)
+
+    def _run(self) -> None:
+        while (rows := self._queue.get()) is not None:
+            try:
+                self.sink.write(rows)
+            except Exception:
+                self.failed += len(rows)
+                log.exception("event_log_write_failed", rows=len(rows))
+        try:
+            self.sink.close()
+        except Exception:
+            log.exception("event_log_close_failed")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued, finish the files, and wait for it (at most ``timeout`` s)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout)
+
+
+def read_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every record of event files of either format, as dicts (tests and small tools)."""
+    records: list[dict[str, Any]] = []
+    for path in paths:
+        if path.suffix == ".parquet":
+            records.extend(_arrow().parquet.read_table(str(path)).to_pylist())
+        elif path.suffix == ".arrows":
+            for batch in _stream_batches(path):
+                records.extend(batch.to_pylist())
+        else:
+            records.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+    return records
