@@ -320,6 +320,15 @@ def start_minimal_relay(procs: Processes, container: str = "proton") -> Server:
     return Server(proc, port)
 
 
+def start_minimal_forwarder(procs: Processes, broker_url: str) -> Server:
+    """bench/minimal_forwarder.py (the floor of broker mode) on a free port, in front of ``broker_url``."""
+    port = free_port()
+    argv = [PYTHON, str(BENCH / "minimal_forwarder.py"), "--listen", f"127.0.0.1:{port}", "--broker", broker_url]
+    proc = procs.start("minimal-forwarder", argv)
+    wait_for_log(proc, "listening", 30)
+    return Server(proc, port)
+
+
 def run_pyclient(procs: Processes, name: str, args: Sequence[str]) -> Proc:
     """Start bench/pyclients.py (a Python Proton client in its own process)."""
     return procs.start(name, [PYTHON, str(BENCH / "pyclients.py"), *args], capture=True)

@@ -6,13 +6,15 @@ Scenarios (see BENCHMARKS.md for what each measures and the latest figures):
 
   transparent  Python Proton producer + consumer: direct to RabbitMQ vs through qpid-flow
   saturated    Proton C send + receive: qpid-flow standalone, the minimal relay
-               (bench/minimal_relay.py), RabbitMQ direct, qpid-flow in front of RabbitMQ
+               (bench/minimal_relay.py), RabbitMQ direct, qpid-flow in front of RabbitMQ, and
+               the minimal forwarder in front of RabbitMQ (bench/minimal_forwarder.py: the floor)
   scrape       2(a) with the admin endpoint on: no scraper vs /metrics polled every second
   latency      paced producer (C clients; Python clients for information), enqueue-to-delivery
                p50/p90/p99, direct vs through
   policies     2(a) with idle flow control, with the event log, and 1,000 message groups
   scale        1,000 connections with a producer each; 100,000 groups (bench/groups.py)
   profile      (only with --only profile) 2(a) with qpid-flow under cProfile: top functions
+  profile_broker  (only with --only profile_broker) the same for 2(d), in front of RabbitMQ
 
 Each scenario alternates its paths within each round (the order rotating), ``--rounds``
 rounds (default 3; 1 with --quick), and prints median (min-max) over the rounds.

@@ -44,6 +44,7 @@ from common import (
     rss_bytes,
     run_pyclient,
     spread_fmt,
+    start_minimal_forwarder,
     start_minimal_relay,
     start_qpid_flow,
     summarise,
@@ -470,8 +471,13 @@ def saturated(ctx: Context) -> dict[str, Any]:
             server = start_qpid_flow(procs, broker_url=broker_url)
             return run_c_clients(ctx, procs, server.port, address("bench-saturated"), count, server.pid, broker=True)
 
+        def floor(procs: Processes) -> dict[str, Any]:
+            server = start_minimal_forwarder(procs, broker_url)
+            return run_c_clients(ctx, procs, server.port, address("bench-saturated"), count, server.pid, broker=True)
+
         paths["c_rabbitmq"] = direct
         paths["d_qpid_flow_rabbitmq"] = through
+        paths["e_minimal_forwarder_rabbitmq"] = floor
     except BenchError as exc:
         ctx.log(f"  (c) and (d) skipped: {exc}")
     runs = rounds_of(ctx, paths)
@@ -481,6 +487,7 @@ def saturated(ctx: Context) -> dict[str, Any]:
         "b2_minimal_relay_qf_reactor": "(b') ... minimal relay on qpid-flow's reactor",
         "c_rabbitmq": "(c) C clients -> RabbitMQ",
         "d_qpid_flow_rabbitmq": "(d) C clients -> qpid-flow -> RabbitMQ",
+        "e_minimal_forwarder_rabbitmq": "(e) C clients -> minimal forwarder (the floor) -> RabbitMQ",
     }
     vs_relay = ratio_of_medians(runs["a_qpid_flow"], runs["b_minimal_relay"], "rate")
     vs_relay_rounds = ratio_per_round(runs["a_qpid_flow"], runs["b_minimal_relay"], "rate")
@@ -506,7 +513,33 @@ def saturated(ctx: Context) -> dict[str, Any]:
     if "d_qpid_flow_rabbitmq" in runs:
         through_ratio = ratio_of_medians(runs["d_qpid_flow_rabbitmq"], runs["c_rabbitmq"], "rate")
         table.append(f"(d)/(c) through qpid-flow / direct to RabbitMQ (rate): {_fmt(through_ratio, 2)}")
+        broker_cpu = median_of(runs["d_qpid_flow_rabbitmq"], "cpu_us")
+        floor_ratio = ratio_of_medians(runs["e_minimal_forwarder_rabbitmq"], runs["c_rabbitmq"], "rate")
+        qf_vs_floor = ratio_of_medians(runs["d_qpid_flow_rabbitmq"], runs["e_minimal_forwarder_rabbitmq"], "rate")
+        floor_cpu = median_of(runs["e_minimal_forwarder_rabbitmq"], "cpu_us")
+        table.append(
+            f"(e)/(c) the floor: one Python process, two Proton passes, nothing else / direct (rate): "
+            f"{_fmt(floor_ratio, 2)}  (d)/(e) qpid-flow / floor: {_fmt(qf_vs_floor, 2)}  "
+            f"CPU us/msg qpid-flow {_fmt(broker_cpu, 0)}, floor {_fmt(floor_cpu, 0)}"
+        )
+    broker_targets = []
+    if "d_qpid_flow_rabbitmq" in runs:
+        through_vs_direct = ratio_of_medians(runs["d_qpid_flow_rabbitmq"], runs["c_rabbitmq"], "rate")
+        cpu = median_of(runs["d_qpid_flow_rabbitmq"], "cpu_us")
+        broker_targets = [
+            {
+                "target": "broker mode: through qpid-flow / direct >= 0.6 (d)/(c)",
+                "value": through_vs_direct,
+                "verdict": verdict(through_vs_direct, 0.6),
+            },
+            {
+                "target": "broker mode: qpid-flow CPU <= 50 us per message at saturation (d)",
+                "value": cpu,
+                "verdict": verdict(cpu, 50, higher_is_better=False),
+            },
+        ]
     targets = [
+        *broker_targets,
         {
             "target": "saturated: qpid-flow standalone >= 0.9 x minimal relay (b)",
             "value": vs_relay,
@@ -992,20 +1025,26 @@ def run_groups_script(ctx: Context, procs: Processes) -> dict[str, Any]:
 # --- profile (opt-in) ---------------------------------------------------------------------------
 
 
-def profile(ctx: Context) -> dict[str, Any]:
-    """Scenario 2(a) once with qpid-flow under cProfile; the top functions by tottime."""
+def profile(ctx: Context, broker: bool = False) -> dict[str, Any]:
+    """Scenario 2(a) (``broker``: 2(d)) once with qpid-flow under cProfile; the top
+    functions by tottime."""
     count = ctx.count(50_000, 15_000)
-    prof = ctx.workdir / "qpid-flow.prof"
+    prof = ctx.workdir / ("qpid-flow-broker.prof" if broker else "qpid-flow.prof")
+    broker_url = ctx.broker_url() if broker else None
 
     def run(procs: Processes) -> dict[str, Any]:
-        server = start_qpid_flow(procs, profile=prof)
-        out = run_c_clients(ctx, procs, server.port, address("bench-profile"), count, server.pid)
+        server = start_qpid_flow(procs, profile=prof, broker_url=broker_url)
+        out = run_c_clients(
+            ctx, procs, server.port, address("bench-profile"), count, server.pid, broker=broker_url is not None
+        )
         server.proc.stop(signal.SIGINT, timeout=30)  # cProfile writes its file on a clean exit
         return out
 
-    result = guarded(ctx, "2(a) under cProfile", run)
+    scenario = "2(d)" if broker else "2(a)"
+    result = guarded(ctx, f"{scenario} under cProfile", run)
     table = [
-        f"profile: qpid-flow standalone under cProfile, scenario 2(a), {count:,} messages "
+        f"profile: qpid-flow {'in front of RabbitMQ' if broker else 'standalone'} under cProfile, "
+        f"scenario {scenario}, {count:,} messages "
         f"(rate under the profiler: {_fmt(result.get('rate'))} msg/s)"
     ]
     if prof.exists():
@@ -1131,7 +1170,10 @@ SCENARIOS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "policies": policies,
     "scale": scale,
 }
-OPT_IN: dict[str, Callable[[Context], dict[str, Any]]] = {"profile": profile}
+OPT_IN: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "profile": profile,
+    "profile_broker": lambda ctx: profile(ctx, broker=True),
+}
 
 
 def stop_all(ctx: Context) -> None:

@@ -419,6 +419,7 @@ class BrokerRouter(Router):
     def on_link_remote_open(self, event: Event) -> None:
         link = event.link
         if kept(link.connection, "qf_upstream"):
+            link.qf_upstream = True  # before any flow or transfer of the broker's on it
             self._broker_answered(link)
         elif not link.state & Endpoint.LOCAL_UNINIT or link.session.state & Endpoint.LOCAL_CLOSED:
             return  # answered already, or on a session qpid-flow refused (its end answers it)
@@ -444,6 +445,7 @@ class BrokerRouter(Router):
             upstream.properties = properties
         upstream.qf_peer = link
         upstream.qf_kind = kind
+        upstream.qf_upstream = True
         link.qf_peer = upstream
         keep_link(upstream)
         keep_link(link)
@@ -702,6 +704,7 @@ class BrokerRouter(Router):
         keep_link(link)
         sender = _UpstreamSender(link, address)
         link.qf_sender = sender
+        link.qf_upstream = True
         link.open()
         return sender
 
@@ -753,7 +756,7 @@ class BrokerRouter(Router):
 
     def on_link_flow(self, event: Any) -> None:
         link = event.link
-        if kept(link.connection, "qf_upstream"):
+        if kept(link, "qf_upstream"):
             sender: _UpstreamSender | None = kept(link, "qf_sender")
             if sender is not None:
                 self._pump(sender)
@@ -806,7 +809,9 @@ class BrokerRouter(Router):
 
     def on_delivery(self, event: DeliveryEvent) -> None:
         link = event.link
-        if kept(link.connection, "qf_upstream"):
+        # The link's own mark, not its connection's: reaching the connection from a link
+        # builds two Proton wrappers, and this runs for every delivery event.
+        if kept(link, "qf_upstream"):
             if link.is_sender:
                 self._broker_outcome(link, event)
             else:
