@@ -29,6 +29,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterable, Sequence
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -104,6 +105,29 @@ def _as_dict(row: Row) -> dict[str, Any]:
     return head
 
 
+def _json_value(value: Any) -> str:
+    """One value as JSON: what ``json.dumps`` gives, on the common types' short paths."""
+    cls = value.__class__
+    if cls is str:
+        return encode_basestring_ascii(value)
+    if cls is int or cls is float:
+        return repr(value)
+    return json.dumps(value)
+
+
+def _line_templates(run: str) -> dict[str, str]:
+    """Per per-message event, its JSON line with ``%s`` for each value after the event's
+    name: the same text ``json.dumps`` makes of the record, at half the cost."""
+    templates = {}
+    for event, names in MESSAGE_FIELDS.items():
+        head = (
+            f'{{"v": {SCHEMA_VERSION}, "ts": %s, "run": {json.dumps(run)}, "n": %s, '
+            f'"event": {json.dumps(event)}, "address": %s'
+        )
+        templates[event] = head + "".join(f", {json.dumps(name)}: %s" for name in names) + "}"
+    return templates
+
+
 class JsonLinesSink:
     """JSON lines, rotated by size: ``PATH``, then ``PATH.1`` ... ``PATH.backups``."""
 
@@ -115,14 +139,20 @@ class JsonLinesSink:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
         self._size = self._file.tell()
+        self._templates = _line_templates(run)
+
+    def _line(self, row: Row) -> str:
+        template = self._templates.get(row[0])
+        if template is not None:
+            return template % tuple(map(_json_value, row[1:]))
+        record = _as_dict(row)
+        record["run"] = self.run
+        return json.dumps(record)
 
     def write(self, rows: Sequence[Row]) -> None:
-        run = self.run
-        dumps = json.dumps
+        line_of = self._line
         for row in rows:
-            record = _as_dict(row)
-            record["run"] = run
-            line = dumps(record)
+            line = line_of(row)
             self._file.write(line)
             self._file.write("\n")
             self._size += len(line) + 1
@@ -163,12 +193,12 @@ def arrow_schema() -> Any:
     return pa.schema([(name, getattr(pa, type_name)()) for name, type_name in COLUMNS])
 
 
-def _batch(rows: Sequence[Row], run: str) -> Any:
-    """One Arrow record batch of ``rows``: per-message events column by column (the bulk),
-    state events through their dicts."""
+def _batches(rows: Sequence[Row], run: str) -> list[Any]:
+    """``rows`` as Arrow record batches, one per kind of event: a per-message event's
+    values go column by column into arrays (no Python object per cell), the columns it
+    does not have are all-null arrays, and the constant ones are repeated scalars."""
     pa = _arrow()
     schema = arrow_schema()
-    columns: dict[str, list[Any]] = {name: [] for name, _ in COLUMNS}
     by_event: dict[str, list[Row]] = {}
     states: list[Row] = []
     for row in rows:
@@ -176,25 +206,30 @@ def _batch(rows: Sequence[Row], run: str) -> Any:
             by_event.setdefault(row[0], []).append(row)
         else:
             states.append(row)
+    batches = []
     for event, group in by_event.items():
         count = len(group)
-        names = ("event", "ts", "n", "address", *MESSAGE_FIELDS[event])
         transposed = list(zip(*group, strict=True))
-        present = set(names)
-        for name, values in zip(names, transposed, strict=True):
-            columns[name].extend(values)
-        for name, _ in COLUMNS:
-            if name not in present:
-                columns[name].extend([None] * count)
-    for row in states:
-        record = _as_dict(row)
-        for name, _ in COLUMNS:
-            columns[name].append(record.get(name))
-    total = len(rows)
-    columns["v"] = [SCHEMA_VERSION] * total
-    columns["run"] = [run] * total
-    arrays = [pa.array(columns[name], type=field.type) for name, field in zip(columns, schema, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        names = ("event", "ts", "n", "address", *MESSAGE_FIELDS[event])
+        given: dict[str, Any] = dict(zip(names, transposed, strict=True))
+        arrays = []
+        for field in schema:
+            name = field.name
+            if name == "v":
+                arrays.append(pa.repeat(pa.scalar(SCHEMA_VERSION, field.type), count))
+            elif name == "run":
+                arrays.append(pa.repeat(pa.scalar(run, field.type), count))
+            elif name == "event":
+                arrays.append(pa.repeat(pa.scalar(event, field.type), count))
+            elif name in given:
+                arrays.append(pa.array(given[name], type=field.type))
+            else:
+                arrays.append(pa.nulls(count, field.type))
+        batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+    if states:
+        records = [_as_dict(row) | {"run": run} for row in states]
+        batches.append(pa.RecordBatch.from_pylist(records, schema=schema))
+    return batches
 
 
 def _stream_batches(path: Path) -> list[Any]:
@@ -265,7 +300,8 @@ class SegmentSink:
             return
         if self._writer is None:
             self._open()
-        self._writer.write_batch(_batch(rows, self.run))
+        for batch in _batches(rows, self.run):
+            self._writer.write_batch(batch)
         self._sink.flush()
         if self.max_bytes and self._sink.tell() >= self.max_bytes:
             self._finish()

@@ -198,3 +198,24 @@ def test_parquet_needs_pyarrow_only_when_chosen(monkeypatch: pytest.MonkeyPatch)
         load_config(None, {"events_format": "parquet"}, {})
     assert load_config(None, {"events_format": "jsonl"}, {}).events_format == "jsonl"
     assert pa  # imported above: the real one is back for the other tests
+
+
+def test_jsonl_lines_are_what_json_dumps_makes_of_the_record(tmp_path: Path) -> None:
+    """The per-event line templates give the very text of ``json.dumps``: escapes,
+    non-ASCII text, null, floats and big integers included."""
+    tricky = 'a "quoted", back\\slash, tab\t, é, 雪, \U0001f600'
+    rows: list[Row] = [
+        ("enqueue", 1764045600.123456, 1, tricky, 2**63 - 1, tricky, 0, None, None, 0, 0),
+        ("deliver", 0.1, 2, "q", 1, 40, tricky, 7, 3),
+        ("settle", 1e-7, 3, None, 1, 40, None, None, "rejected", "amqp:x: \n", 0, 0),
+        ("transfer_settled", 2.5, 4, "q", 1, 40, 3, "accepted", None),
+    ]
+    sink = JsonLinesSink(tmp_path / "events.jsonl", 'run"1', max_bytes=0, backups=0)
+    sink.write(rows)
+    sink.close()
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    for line, row in zip(lines, rows, strict=True):
+        record = json.loads(line)
+        assert line == json.dumps(record)
+        assert record["run"] == 'run"1' and record["event"] == row[0] and record["address"] == row[3]
+    assert json.loads(lines[0])["id"] == tricky and json.loads(lines[0])["seq"] == 2**63 - 1
