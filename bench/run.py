@@ -15,6 +15,7 @@ Scenarios (see BENCHMARKS.md for what each measures and the latest figures):
   scale        1,000 connections with a producer each; 100,000 groups (bench/groups.py)
   profile      (only with --only profile) 2(a) with qpid-flow under cProfile: top functions
   profile_broker  (only with --only profile_broker) the same for 2(d), in front of RabbitMQ
+  profile_events  (only with --only profile_events) the same for 2(a) with the parquet event log
 
 Each scenario alternates its paths within each round (the order rotating), ``--rounds``
 rounds (default 3; 1 with --quick), and prints median (min-max) over the rounds.

@@ -1025,15 +1025,18 @@ def run_groups_script(ctx: Context, procs: Processes) -> dict[str, Any]:
 # --- profile (opt-in) ---------------------------------------------------------------------------
 
 
-def profile(ctx: Context, broker: bool = False) -> dict[str, Any]:
+def profile(ctx: Context, broker: bool = False, events: str | None = None) -> dict[str, Any]:
     """Scenario 2(a) (``broker``: 2(d)) once with qpid-flow under cProfile; the top
-    functions by tottime."""
+    functions by tottime. ``events``: with the event log on, in that format."""
     count = ctx.count(50_000, 15_000)
-    prof = ctx.workdir / ("qpid-flow-broker.prof" if broker else "qpid-flow.prof")
+    prof = ctx.workdir / f"qpid-flow{'-broker' if broker else ''}{'-events' if events else ''}.prof"
     broker_url = ctx.broker_url() if broker else None
+    events_path = ctx.workdir / "profile-events" if events else None
 
     def run(procs: Processes) -> dict[str, Any]:
-        server = start_qpid_flow(procs, profile=prof, broker_url=broker_url)
+        server = start_qpid_flow(
+            procs, profile=prof, broker_url=broker_url, events=events_path, events_format=events or "jsonl"
+        )
         out = run_c_clients(
             ctx, procs, server.port, address("bench-profile"), count, server.pid, broker=broker_url is not None
         )
@@ -1173,6 +1176,7 @@ SCENARIOS: dict[str, Callable[[Context], dict[str, Any]]] = {
 OPT_IN: dict[str, Callable[[Context], dict[str, Any]]] = {
     "profile": profile,
     "profile_broker": lambda ctx: profile(ctx, broker=True),
+    "profile_events": lambda ctx: profile(ctx, events="parquet"),
 }
 
 
