@@ -1,29 +1,33 @@
-"""Benchmark: ``qpid-flow report`` on 1M and 5M generated events. Not a test.
+"""Benchmark: ``qpid-flow report`` against a bare Spark read of the same events. Not a test.
 
-    .venv/bin/python bench/report.py [--sizes 1000000,5000000] [--keep DIR]
+    .venv/bin/python bench/report.py [--sizes 2000000] [--format jsonl|parquet] [--keep DIR] [--json FILE]
 
 For each size, generates an event log (qpid_flow.analytics.synthetic: a grouped
-destination with releases and injected violations, a flow-controlled one; several runs,
-one file each) and times, in one Spark session per size as the command would:
+destination with releases and injected violations, a flow-controlled one; 8 runs, one
+file each), then, each in a fresh process as a user would run it:
 
-- session start (JVM and SparkSession),
-- the whole report (read and cache, flow control, latency, group audit, advice, tables,
-  plots, page), and each of its steps,
+- **read and count**: a Spark session that reads the files with the event schema and
+  counts the rows (``spark.read.schema(...).json(files).count()``, or ``.parquet``): the
+  least any report on Spark can take;
+- **report**: ``python -m qpid_flow report FILES --out DIR``, timed step by step from its
+  progress lines;
 
-then checks the report found exactly the injected violations. Prints the machine's core
-count, memory and versions with the figures, and writes them as JSON with ``--json``.
+and prints report / read-and-count (target: <= 2.0 at 2M events), the peak resident
+memory of each run's JVM (VmHWM, sampled every 0.2 s), and whether the report found exactly
+the injected violations. Both runs get the same driver memory (``--driver-memory``).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,18 +35,112 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from qpid_flow.analytics.inputs import expand_inputs  # noqa: E402
 from qpid_flow.analytics.synthetic import generate  # noqa: E402
 
 # Events per grouped message: enqueue, deliver, settle, group assigned and released.
 EVENTS_PER_MESSAGE = 5.0
+PYTHON = sys.executable
+
+_COUNT = """
+import sys
+from qpid_flow.analytics.inputs import expand_inputs
+from qpid_flow.analytics.schema import EVENT_SCHEMA
+from qpid_flow.analytics.session import build_session
+spark = build_session(None, sys.argv[1])
+files = expand_inputs(sys.argv[3:])
+reader = spark.read.schema(EVENT_SCHEMA)
+frame = reader.parquet(*files) if sys.argv[2] == "parquet" else reader.json(files)
+print(frame.count())
+spark.stop()
+"""
 
 
-def run_size(events: int, workdir: Path) -> dict[str, Any]:
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _java_peak(pid: int) -> int:
+    """The largest VmHWM (bytes) of a java process under ``pid`` now."""
+    peak = 0
+    for child in _descendants(pid):
+        try:
+            if "java" not in Path(f"/proc/{child}/comm").read_text():
+                continue
+            for line in Path(f"/proc/{child}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]) * 1024)
+        except OSError:
+            continue
+    return peak
+
+
+def timed(argv: list[str]) -> dict[str, Any]:
+    """Run ``argv``; its wall time, output, the times its progress lines appeared, and the
+    peak memory of the JVM it started."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.2):
+            peak = max(peak, _java_peak(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    marks: list[tuple[str, float]] = []
+    assert proc.stderr is not None and proc.stdout is not None
+    err_lines = []
+    for line in proc.stderr:
+        err_lines.append(line)
+        if line.startswith("report: ["):
+            marks.append((line.split("]", 1)[1].strip(), time.perf_counter() - started))
+    out = proc.stdout.read()
+    code = proc.wait()
+    done.set()
+    sampler.join()
+    seconds = time.perf_counter() - started
+    if code != 0:
+        raise RuntimeError(f"{argv[:4]} exited {code}: {''.join(err_lines)[-2000:]}")
+    steps = {name: (marks[i + 1][1] if i + 1 < len(marks) else seconds) - at for i, (name, at) in enumerate(marks)}
+    first = marks[0][1] if marks else 0.0
+    return {"seconds": seconds, "start_s": first, "steps_s": steps, "jvm_peak_bytes": peak, "stdout": out}
+
+
+def to_parquet(logs: Path, target: Path) -> None:
+    """The same events as the router's parquet format would hold them (one file per run)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from qpid_flow.builtin.event_writers import COLUMNS, arrow_schema
+
+    target.mkdir(parents=True, exist_ok=True)
+    schema = arrow_schema()
+    for path in sorted(logs.iterdir()):
+        with path.open() as lines:
+            records = [json.loads(line) for line in lines]
+        columns = {name: [r.get(name) for r in records] for name, _ in COLUMNS}
+        table = pa.table({name: pa.array(columns[name], type=schema.field(name).type) for name, _ in COLUMNS})
+        pq.write_table(table, target / f"{path.stem}.parquet", compression="zstd")
+
+
+def run_size(events: int, workdir: Path, fmt: str, driver_memory: str) -> dict[str, Any]:
     from pyspark import __version__ as spark_version
-
-    from qpid_flow.analytics.report import run_report
-    from qpid_flow.analytics.session import build_session
 
     runs = 8
     messages = int(events / EVENTS_PER_MESSAGE / runs)
@@ -62,37 +160,57 @@ def run_size(events: int, workdir: Path) -> dict[str, Any]:
         resume=600,
         maximum=1000,
     )
+    if fmt == "parquet":
+        columnar = workdir / f"parquet-{events}"
+        to_parquet(logs, columnar)
+        shutil.rmtree(logs)
+        logs = columnar
     generated = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in logs.iterdir())
-    t1 = time.perf_counter()
-    spark = build_session()
-    started = time.perf_counter() - t1
-    progress = io.StringIO()
-    try:
-        t2 = time.perf_counter()
-        result = run_report(spark, expand_inputs([str(logs)]), workdir / f"out-{events}", progress_out=progress)
-        report = time.perf_counter() - t2
-    finally:
-        spark.stop()
-    found_order = {(r["address"], r["group"], r["seq"]) for r in result.order_violations}
-    found_overlap = {(r["address"], r["group"], r["consumer"]) for r in result.overlap_violations}
+    count = timed([PYTHON, "-c", _COUNT, driver_memory, fmt, str(logs)])
+    out = workdir / f"out-{events}"
+    report = timed(
+        [PYTHON, "-m", "qpid_flow", "report", str(logs), "--out", str(out), "--driver-memory", driver_memory]
+    )
+    order = _read_csv_rows(out / "csv" / "group_order_violations")
+    overlap = _read_csv_rows(out / "csv" / "group_overlap_violations")
+    found_order = {(r["address"], r["group"], int(r["seq"])) for r in order}
+    found_overlap = {(r["address"], r["group"], int(r["consumer"])) for r in overlap}
+    shutil.rmtree(out, ignore_errors=True)
     return {
         "events": expected.events,
+        "format": fmt,
         "bytes": size,
         "generate_s": generated,
-        "session_start_s": started,
-        "report_s": report,
-        "events_per_s": expected.events / report,
-        "steps_s": dict(result.step_seconds),
+        "count_s": count["seconds"],
+        "counted": int(count["stdout"].strip().splitlines()[-1]),
+        "count_jvm_peak_bytes": count["jvm_peak_bytes"],
+        "report_s": report["seconds"],
+        "report_start_s": report["start_s"],
+        "steps_s": report["steps_s"],
+        "report_jvm_peak_bytes": report["jvm_peak_bytes"],
+        "ratio": report["seconds"] / count["seconds"],
         "violations_ok": found_order == expected.order and found_overlap == expected.overlap,
         "spark": spark_version,
     }
 
 
+def _read_csv_rows(folder: Path) -> list[dict[str, str]]:
+    import csv
+
+    rows: list[dict[str, str]] = []
+    for part in sorted(folder.glob("part-*.csv")):
+        with part.open() as f:
+            rows.extend(csv.DictReader(f))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1000000,5000000")
-    parser.add_argument("--keep", type=Path, help="keep the logs and reports in this folder")
+    parser.add_argument("--sizes", default="2000000")
+    parser.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--keep", type=Path, help="keep the logs in this folder")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="qpid-flow-bench-report-"))
@@ -102,18 +220,25 @@ def main() -> int:
     results = []
     try:
         for size in (int(s) for s in args.sizes.split(",")):
-            print(f"\n{size:,} events ...", flush=True)
-            figures = run_size(size, workdir)
-            results.append(figures)
+            print(f"\n{size:,} events ({args.format}) ...", flush=True)
+            f = run_size(size, workdir, args.format, args.driver_memory)
+            results.append(f)
+            kind = "JSON lines" if f["format"] == "jsonl" else "Parquet"
             print(
-                f"  {figures['events']:,} events, {figures['bytes'] / 2**20:,.0f} MiB of JSON lines "
-                f"(generated in {figures['generate_s']:.0f} s)\n"
-                f"  Spark {figures['spark']} session start: {figures['session_start_s']:.1f} s\n"
-                f"  report: {figures['report_s']:.1f} s ({figures['events_per_s']:,.0f} events/s)\n"
-                + "".join(f"    {name}: {seconds:.1f} s\n" for name, seconds in figures["steps_s"].items())
-                + f"  injected violations found exactly: {figures['violations_ok']}",
+                f"  {f['events']:,} events, {f['bytes'] / 2**20:,.0f} MiB of {kind} "
+                f"(generated in {f['generate_s']:.0f} s)\n"
+                f"  read and count, fresh Spark process: {f['count_s']:.1f} s ({f['counted']:,} rows), "
+                f"JVM peak {f['count_jvm_peak_bytes'] / 2**20:,.0f} MiB\n"
+                f"  qpid-flow report, fresh process: {f['report_s']:.1f} s, JVM peak "
+                f"{f['report_jvm_peak_bytes'] / 2**20:,.0f} MiB (driver memory {args.driver_memory})\n"
+                f"    start (Python, JVM, session): {f['report_start_s']:.1f} s\n"
+                + "".join(f"    {name}: {seconds:.1f} s\n" for name, seconds in f["steps_s"].items())
+                + f"  report / read and count: {f['ratio']:.2f}  (target <= 2.0)\n"
+                f"  injected violations found exactly: {f['violations_ok']}",
                 flush=True,
             )
+            shutil.rmtree(workdir / f"logs-{size}", ignore_errors=True)
+            shutil.rmtree(workdir / f"parquet-{size}", ignore_errors=True)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

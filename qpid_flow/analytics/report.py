@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -111,29 +112,89 @@ class _Writer:
 
     def save(self, name: str, frame: Any, order: Sequence[str]) -> list[dict[str, Any]]:
         parquet = self.out / "parquet" / name
-        csv = self.out / "csv" / name
         frame.write.mode("overwrite").parquet(str(parquet))
         stored = self.spark.read.parquet(str(parquet))
-        # One sorted CSV file per table, for spreadsheets (the tables are small: one row
-        # per destination, per period or per violation).
-        stored.repartition(1).sortWithinPartitions(*order).write.mode("overwrite").option("header", True).csv(str(csv))
-        return _rows(stored.orderBy(*order))
+        rows = _rows(stored.orderBy(*order))
+        # One sorted CSV file per table, for spreadsheets. The tables are small (one row
+        # per destination, per period or per violation): written here from the rows
+        # already collected, not by another Spark job.
+        _write_csv(self.out / "csv" / name, stored.columns, rows)
+        return rows
 
     def links(self, name: str) -> list[str]:
         return [f"csv/{name}/", f"parquet/{name}/"]
 
 
-def load_events(spark: Any, paths: list[str]) -> tuple[Any, dict[str, int]]:
+def _csv_value(value: Any) -> Any:
+    # As Spark's CSV writer: timestamps in ISO 8601, booleans lower case, null empty.
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _write_csv(folder: Path, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
+    import csv
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    with (folder / "part-00000.csv").open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_csv_value(row[c]) for c in columns])
+
+
+def _read_inputs(spark: Any, paths: list[str], scratch: Path) -> Any:
+    """Every input as one frame of the event schema: JSON lines (plain or gzip) parsed
+    with the schema; the columnar log's Parquet segments read as they are; an open
+    segment's Arrow stream (``.arrows``: a router still running, or killed) converted to
+    Parquet in ``scratch`` first, since Spark has no reader for it."""
+    from functools import reduce
+
+    from qpid_flow.analytics.schema import EVENT_SCHEMA
+
+    parquet = [p for p in paths if p.endswith(".parquet")]
+    streams = [p for p in paths if p.endswith(".arrows")]
+    text = [p for p in paths if not p.endswith((".parquet", ".arrows"))]
+    for index, stream in enumerate(streams):
+        parquet.append(str(_stream_as_parquet(Path(stream), scratch / f"stream-{index}.parquet")))
+    frames = []
+    if text:
+        frames.append(spark.read.schema(EVENT_SCHEMA).option("mode", "PERMISSIVE").json(text))
+    if parquet:
+        frames.append(spark.read.schema(EVENT_SCHEMA).parquet(*parquet))
+    return reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def _stream_as_parquet(stream: Path, target: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from qpid_flow.builtin.event_writers import arrow_schema, stream_batches
+
+    pq.write_table(pa.Table.from_batches(stream_batches(stream), schema=arrow_schema()), str(target))
+    return target
+
+
+def load_events(spark: Any, paths: list[str], scratch: Path) -> tuple[Any, dict[str, int]]:
     from pyspark.sql import functions as F
 
-    from qpid_flow.analytics.schema import EVENT_SCHEMA, SCHEMA_VERSION
+    from qpid_flow.analytics.schema import SCHEMA_VERSION
 
-    raw = spark.read.schema(EVENT_SCHEMA).option("mode", "PERMISSIVE").json(paths)
-    counts = raw.groupBy(F.col("v")).count().collect()
-    by_version = {row["v"]: row["count"] for row in counts}
+    raw = _read_inputs(spark, paths, scratch)
     # Logs written before the event number existed are ordered by time (microseconds).
     numbered = F.coalesce(F.col("n"), (F.col("ts") * 1_000_000).cast("long"))
-    events = raw.where(F.col("v") == SCHEMA_VERSION).withColumn("n", numbered).persist()
+    # Parsed once: the cache is filled by the count below, and every later step (the
+    # version filter included) reads the cache, not the text.
+    parsed = raw.withColumn("n", numbered).persist()
+    counts = parsed.groupBy(F.col("v")).count().collect()
+    by_version = {row["v"]: row["count"] for row in counts}
+    events = parsed.where(F.col("v") == SCHEMA_VERSION)
     stats = {
         "events": int(by_version.get(SCHEMA_VERSION, 0)),
         "unreadable": int(by_version.get(None, 0)),
@@ -197,19 +258,29 @@ def run_report(
     spark: Any, inputs: list[str], out: Path, max_plots: int = 12, progress_out: Any = sys.stderr
 ) -> ReportResult:
     """Run every analysis of ``inputs`` (expanded paths) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plots").mkdir(exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="qpid-flow-report-"))
+    try:
+        return _run_report(spark, inputs, out, max_plots, progress_out, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_report(
+    spark: Any, inputs: list[str], out: Path, max_plots: int, progress_out: Any, scratch: Path
+) -> ReportResult:
     from pyspark.sql import functions as F
 
     from qpid_flow.analytics import advice, audit, flow, latency
     from qpid_flow.analytics.page import Section, Table, render_report
     from qpid_flow.analytics.progress import Progress
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plots").mkdir(exist_ok=True)
     page = out / "index.html"
     writer = _Writer(spark, out)
     with Progress(TITLE, STEPS, page, spark, progress_out) as progress:
         progress.step("reading events")
-        events, counts = load_events(spark, inputs)
+        events, counts = load_events(spark, inputs, scratch)
         span = events.agg(F.min("ts"), F.max("ts"), F.countDistinct("run")).first()
         t0, t1, runs = span[0], span[1], int(span[2] or 0)
         result = ReportResult(out=out, events=counts["events"], runs=runs)
@@ -264,7 +335,7 @@ def run_report(
         result.plots = [src for src, _ in depth_images + latency_images]
 
         progress.step("page")
-        events.unpersist()
+        spark.catalog.clearCache()  # the parsed events (load_events)
         total_order = sum(r["order_violations"] for r in result.audit)
         total_overlap = sum(r["overlap_violations"] for r in result.audit)
         healthy = total_order == 0 and total_overlap == 0

@@ -49,7 +49,7 @@ MESSAGE_FIELDS: dict[str, tuple[str, ...]] = {
 
 # Every column of the columnar format, with its Arrow type name: docs/events.md's fields.
 COLUMNS: tuple[tuple[str, str], ...] = (
-    ("v", "int32"),
+    ("v", "int64"),
     ("ts", "float64"),
     ("run", "string"),
     ("n", "int64"),
@@ -232,7 +232,7 @@ def _batches(rows: Sequence[Row], run: str) -> list[Any]:
     return batches
 
 
-def _stream_batches(path: Path) -> list[Any]:
+def stream_batches(path: Path) -> list[Any]:
     """The complete record batches of an Arrow IPC stream; a torn last batch is left out."""
     pa = _arrow()
     batches: list[Any] = []
@@ -252,7 +252,7 @@ def _to_parquet(stream: Path) -> Path:
     pa = _arrow()
     target = stream.with_suffix(".parquet")
     hidden = target.with_name(f".{target.name}.tmp")
-    table = pa.Table.from_batches(_stream_batches(stream), schema=arrow_schema())
+    table = pa.Table.from_batches(stream_batches(stream), schema=arrow_schema())
     pa.parquet.write_table(table, str(hidden), compression="zstd")
     os.replace(hidden, target)
     stream.unlink()
@@ -374,7 +374,7 @@ def read_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
         if path.suffix == ".parquet":
             records.extend(_arrow().parquet.read_table(str(path)).to_pylist())
         elif path.suffix == ".arrows":
-            for batch in _stream_batches(path):
+            for batch in stream_batches(path):
                 records.extend(batch.to_pylist())
         else:
             records.extend(json.loads(line) for line in path.read_text().splitlines() if line)

@@ -36,13 +36,16 @@ def table(out: Path, name: str) -> dict[str, dict[str, str]]:
         return {row["address"]: row for row in csv.DictReader(rows)}
 
 
-def test_the_report_of_a_real_run_matches_stat_and_finds_no_group_violation(qpid_flow_process, tmp_path) -> None:
-    events = tmp_path / "events" / "events.jsonl"
+@pytest.mark.parametrize("events_format", ["jsonl", "parquet"])
+def test_the_report_of_a_real_run_matches_stat_and_finds_no_group_violation(
+    qpid_flow_process, tmp_path, events_format
+) -> None:
+    events = tmp_path / "events" / ("events.jsonl" if events_format == "jsonl" else "segments")
     admin = f"127.0.0.1:{free_port()}"
     flowed, grouped = unique("report-flow"), unique("report-groups")
     router = qpid_flow_process(
         config_text=seed_config(flowed) + grouped_config(grouped),
-        extra_args=["--events", str(events), "--admin", admin],
+        extra_args=["--events", str(events), "--events-format", events_format, "--admin", admin],
     )
 
     # Flow control: 3 producers x 600 against max 1000 / stop 900 / resume 500.

@@ -222,3 +222,40 @@ def chromium_loads_every_image(page: Path, screenshot: Path) -> int:
     assert marker.startswith("ok:"), f"images did not load: {marker or dom.stderr[-2000:]}"
     assert screenshot.exists() and screenshot.stat().st_size > 10000
     return int(marker.split(":")[1])
+
+
+def _as_columnar(logs: Path, target: Path) -> None:
+    """The synthetic JSON-lines logs rewritten as the router's columnar log would hold
+    them: each run a finished Parquet segment, except the last, left as an open Arrow
+    stream (the segment of a router still running, or killed)."""
+    import pyarrow as pa
+    import pyarrow.ipc
+    import pyarrow.parquet as pq
+
+    from qpid_flow.builtin.event_writers import COLUMNS, arrow_schema
+
+    schema = arrow_schema()
+    target.mkdir()
+    files = sorted(logs.iterdir())
+    for index, path in enumerate(files):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        table = pa.Table.from_pylist([{name: r.get(name) for name, _ in COLUMNS} for r in records], schema=schema)
+        if index < len(files) - 1:
+            pq.write_table(table, target / f"events-run{index}-00001.parquet")
+        else:
+            with pa.ipc.new_stream(str(target / f"events-run{index}-00001.arrows"), schema) as stream:
+                for batch in table.to_batches(max_chunksize=500):
+                    stream.write_batch(batch)
+
+
+def test_the_columnar_log_gives_the_same_report_as_json_lines(spark: Any, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    generate(logs, runs=3, messages=1500, groups=20, consumers=3, inject_order=2, inject_overlap=1, flow_cycles=2)
+    columnar = tmp_path / "columnar"
+    _as_columnar(logs, columnar)
+    assert sorted(p.suffix for p in columnar.iterdir()) == [".arrows", ".parquet", ".parquet"]
+    from_text = run_report(spark, expand_inputs([str(logs)]), tmp_path / "a")
+    from_columns = run_report(spark, expand_inputs([str(columnar)]), tmp_path / "b")
+    assert from_columns.events == from_text.events and from_columns.runs == from_text.runs == 3
+    for table in ("flow", "latency", "audit", "order_violations", "overlap_violations", "advice"):
+        assert getattr(from_columns, table) == getattr(from_text, table), table
