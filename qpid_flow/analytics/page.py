@@ -68,7 +68,9 @@ def _table(table: Table) -> str:
         )
         out.append(f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
         if len(table.rows) > table.limit:
-            out.append(f'<p class="note">first {table.limit:,} of {len(table.rows):,} rows shown</p>')
+            out.append(
+                f'<p class="note">first {table.limit:,} of {len(table.rows):,} rows shown; all in the files below</p>'
+            )
     if table.files:
         links = " · ".join(f'<a href="{html.escape(f)}">{html.escape(f)}</a>' for f in table.files)
         out.append(f'<p class="note">full table: {links}</p>')
@@ -92,9 +94,10 @@ def render_report(title: str, summary: Sequence[tuple[str, str]], sections: Sequ
             parts.append(f'<p class="{"ok" if healthy else "bad"}">{html.escape(text)}</p>')
         if section.intro:
             parts.append(f'<p class="note">{html.escape(section.intro)}</p>')
-        parts.extend(_table(t) for t in section.tables)
+        # Plots first: what a reader looks at before any table.
         for src, alt in section.images:
             parts.append(f'<img src="{html.escape(src)}" alt="{html.escape(alt)}">')
+        parts.extend(_table(t) for t in section.tables)
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -240,7 +240,7 @@ def _plot_depths(
     return images
 
 
-def _plot_latency(out: Path, over_time: list[dict[str, Any]], addresses: list[str]) -> list:
+def _plot_latency(out: Path, over_time: list[dict[str, Any]], addresses: list[str], width: float) -> list:
     from qpid_flow.analytics import plots
 
     images = []
@@ -249,7 +249,7 @@ def _plot_latency(out: Path, over_time: list[dict[str, Any]], addresses: list[st
         if not rows:
             continue
         path = out / "plots" / f"latency-{plots.file_stem(address)}.png"
-        plots.latency_plot(path, address, rows)
+        plots.latency_plot(path, address, rows, width)
         images.append((f"plots/{path.name}", f"latency of {address}"))
     return images
 
@@ -331,7 +331,7 @@ def _run_report(
         policies = {r["address"]: r for r in result.advice}
         depth_images = _plot_depths(events, out, policies, result.flow, periods, max_plots)
         busiest = [r["address"] for r in sorted(result.latency, key=lambda r: -(r["to_settle_count"] or 0))]
-        latency_images = _plot_latency(out, over_time, busiest[:max_plots])
+        latency_images = _plot_latency(out, over_time, busiest[:max_plots], width)
         result.plots = [src for src, _ in depth_images + latency_images]
 
         progress.step("page")
@@ -352,7 +352,7 @@ def _run_report(
                         periods,
                         ["address", "run", "start", "seconds", "open", "depth_at_stop", "producers", "flowStopCount"],
                         files=writer.links("flow_periods"),
-                        limit=100,
+                        limit=10,
                     ),
                 ],
                 images=depth_images,
@@ -385,12 +385,14 @@ def _run_report(
                         result.order_violations,
                         ["address", "group", "seq", "delivered_before", "consumer", "n", "ts"],
                         files=writer.links("group_order_violations"),
+                        limit=20,
                     ),
                     Table(
                         "Overlap violations",
                         result.overlap_violations,
                         ["address", "group", "consumer", "other_consumer", "n", "ts", "other_settled_n"],
                         files=writer.links("group_overlap_violations"),
+                        limit=20,
                     ),
                 ],
             ),

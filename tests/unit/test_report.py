@@ -259,3 +259,30 @@ def test_the_columnar_log_gives_the_same_report_as_json_lines(spark: Any, tmp_pa
     assert from_columns.events == from_text.events and from_columns.runs == from_text.runs == 3
     for table in ("flow", "latency", "audit", "order_violations", "overlap_violations", "advice"):
         assert getattr(from_columns, table) == getattr(from_text, table), table
+
+
+def test_the_time_axis_cuts_idle_gaps_and_keeps_real_times() -> None:
+    """Eight runs an hour apart, two minutes each: drawn side by side with the hours
+    between them cut, every instant mapped and read back exactly; one lone instant still
+    gets a readable span (not an axis from 2024 to 2030)."""
+    import matplotlib.pyplot as plt
+
+    from qpid_flow.analytics.plots import TimeAxis
+
+    base = 1_780_000_000.0
+    axis_of_runs = TimeAxis((base + i * 3600, base + i * 3600 + 120) for i in range(8))
+    assert len(axis_of_runs.segments) == 8
+    assert axis_of_runs.width < 8 * 120 * 1.2, "the hours between runs are not drawn"
+    instants = [base + i * 3600 + s for i in range(8) for s in (0, 60, 120)]
+    xs = axis_of_runs.xs(instants)
+    assert xs == sorted(xs) and len(set(xs)) == len(xs)
+    assert [round(axis_of_runs.ts(x), 6) for x in xs] == instants
+    # Gaps shorter than a fifth of the busy time stay: one segment.
+    assert len(TimeAxis([(base, base + 600), (base + 700, base + 1300)]).segments) == 1
+
+    lone = TimeAxis([(base, base)])
+    figure, axis = plt.subplots()
+    lone.style(axis)
+    low, high = axis.get_xlim()
+    assert 0 < high - low < 10
+    plt.close(figure)
