@@ -5,16 +5,16 @@ interval, hands the batch to :class:`WriterThread`. Everything that costs (forma
 JSON, building Arrow columns, compressing, system calls) happens on that thread, and
 the reactor never waits for it: a full queue drops the batch and counts it.
 
-A row is ``(event, ts, n, address, *values)``: for the per-message events the values
-are those of :data:`MESSAGE_FIELDS`, in that order; for the rare state events a single
-dict of their fields.
+The reactor fills a :class:`Batch`: per-message events column by column, the rare state
+events as rows ``(event, ts, n, address, fields)``. A row of a per-message event is
+``(event, ts, n, address, *values)``, its values those of :data:`MESSAGE_FIELDS`.
 
 Two formats, both with docs/events.md's field names:
 
 - ``jsonl``: :class:`JsonLinesSink`, one JSON object per line, rotated by size, for people
   who tail the log and for any tool;
 - ``parquet``: :class:`SegmentSink`, columnar, for Spark. The open segment is an Arrow IPC
-  stream (``events-RUN-K.arrows``) that gets one record batch per flush: a stream is
+  stream (``events-RUN-K.arrows``, uncompressed) that gets record batches per flush: a stream is
   readable up to its last complete batch, so a kill -9 loses at most the last flush.
   A full segment is rewritten as Parquet (``events-RUN-K.parquet``, written under a
   hidden name and renamed) and its stream deleted; a stream left behind by a crash is
@@ -28,8 +28,10 @@ import json
 import os
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from itertools import repeat
 from json.encoder import encode_basestring_ascii
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,11 +85,54 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 Row = tuple[Any, ...]
 
 
+class Batch:
+    """What the reactor hands to the writer: each per-message event's fields column by
+    column (``columns[event][i]`` is the list of field ``i`` of ``("ts", "n", "address",
+    *MESSAGE_FIELDS[event])``), and the rare state events as rows.
+
+    Columns rather than a tuple per event: appending to a list allocates nothing the
+    garbage collector tracks, and the columnar sink turns each list into an array in one
+    call, with nothing to transpose."""
+
+    __slots__ = ("columns", "states")
+
+    def __init__(self) -> None:
+        self.columns: dict[str, tuple[list[Any], ...]] = {
+            event: tuple([] for _ in range(3 + len(names))) for event, names in MESSAGE_FIELDS.items()
+        }
+        self.states: list[Row] = []
+
+    @classmethod
+    def of(cls, rows: Iterable[Row]) -> Batch:
+        """A batch holding ``rows`` (as :class:`Row`): for tests and tools."""
+        batch = cls()
+        for row in rows:
+            columns = batch.columns.get(row[0])
+            if columns is None:
+                batch.states.append(row)
+            else:
+                for column, value in zip(columns, row[1:], strict=True):
+                    column.append(value)
+        return batch
+
+    def __len__(self) -> int:
+        return sum(len(columns[0]) for columns in self.columns.values()) + len(self.states)
+
+    def rows(self) -> list[Row]:
+        """Every event as a :class:`Row`, in the order of ``n``."""
+        rows: list[Row] = list(self.states)
+        for event, columns in self.columns.items():
+            if columns[0]:
+                rows.extend(zip(repeat(event), *columns))
+        rows.sort(key=itemgetter(2))
+        return rows
+
+
 class Sink(Protocol):
     """A file format: called on the writer thread only."""
 
-    def write(self, rows: Sequence[Row]) -> None:
-        """Write ``rows`` and hand them to the operating system (a kill -9 keeps them)."""
+    def write(self, batch: Batch) -> None:
+        """Write ``batch`` and hand it to the operating system (a kill -9 keeps it)."""
 
     def close(self) -> None:
         """Finish the files (a segment becomes Parquet)."""
@@ -149,9 +194,9 @@ class JsonLinesSink:
         record["run"] = self.run
         return json.dumps(record)
 
-    def write(self, rows: Sequence[Row]) -> None:
+    def write(self, batch: Batch) -> None:
         line_of = self._line
-        for row in rows:
+        for row in batch.rows():
             line = line_of(row)
             self._file.write(line)
             self._file.write("\n")
@@ -193,25 +238,18 @@ def arrow_schema() -> Any:
     return pa.schema([(name, getattr(pa, type_name)()) for name, type_name in COLUMNS])
 
 
-def _batches(rows: Sequence[Row], run: str) -> list[Any]:
-    """``rows`` as Arrow record batches, one per kind of event: a per-message event's
-    values go column by column into arrays (no Python object per cell), the columns it
-    does not have are all-null arrays, and the constant ones are repeated scalars."""
+def _record_batches(batch: Batch, run: str) -> list[Any]:
+    """``batch`` as Arrow record batches, one per kind of event: each column list becomes
+    an array in one call, the columns an event does not have are all-null arrays, and the
+    constant ones are repeated scalars."""
     pa = _arrow()
     schema = arrow_schema()
-    by_event: dict[str, list[Row]] = {}
-    states: list[Row] = []
-    for row in rows:
-        if row[0] in MESSAGE_FIELDS:
-            by_event.setdefault(row[0], []).append(row)
-        else:
-            states.append(row)
     batches = []
-    for event, group in by_event.items():
-        count = len(group)
-        transposed = list(zip(*group, strict=True))
-        names = ("event", "ts", "n", "address", *MESSAGE_FIELDS[event])
-        given: dict[str, Any] = dict(zip(names, transposed, strict=True))
+    for event, columns in batch.columns.items():
+        count = len(columns[0])
+        if not count:
+            continue
+        given = dict(zip(("ts", "n", "address", *MESSAGE_FIELDS[event]), columns, strict=True))
         arrays = []
         for field in schema:
             name = field.name
@@ -226,8 +264,8 @@ def _batches(rows: Sequence[Row], run: str) -> list[Any]:
             else:
                 arrays.append(pa.nulls(count, field.type))
         batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
-    if states:
-        records = [_as_dict(row) | {"run": run} for row in states]
+    if batch.states:
+        records = [_as_dict(row) | {"run": run} for row in batch.states]
         batches.append(pa.RecordBatch.from_pylist(records, schema=schema))
     return batches
 
@@ -253,7 +291,7 @@ def _to_parquet(stream: Path) -> Path:
     target = stream.with_suffix(".parquet")
     hidden = target.with_name(f".{target.name}.tmp")
     table = pa.Table.from_batches(stream_batches(stream), schema=arrow_schema())
-    pa.parquet.write_table(table, str(hidden), compression="zstd")
+    pa.parquet.write_table(table, str(hidden), compression="snappy")
     os.replace(hidden, target)
     stream.unlink()
     return target
@@ -292,16 +330,16 @@ class SegmentSink:
         self._index += 1
         self._stream = self.folder / f"events-{self.run}-{self._index:05d}.arrows"
         self._sink = pa.OSFile(str(self._stream), "wb")
-        options = pa.ipc.IpcWriteOptions(compression="lz4")
-        self._writer = pa.ipc.new_stream(self._sink, arrow_schema(), options=options)
+        # Uncompressed: the stream is a journal, rewritten as compressed Parquet when full.
+        self._writer = pa.ipc.new_stream(self._sink, arrow_schema())
 
-    def write(self, rows: Sequence[Row]) -> None:
-        if not rows:
+    def write(self, batch: Batch) -> None:
+        if not len(batch):
             return
         if self._writer is None:
             self._open()
-        for batch in _batches(rows, self.run):
-            self._writer.write_batch(batch)
+        for record_batch in _record_batches(batch, self.run):
+            self._writer.write_batch(record_batch)
         self._sink.flush()
         if self.max_bytes and self._sink.tell() >= self.max_bytes:
             self._finish()
@@ -328,33 +366,34 @@ class SegmentSink:
 
 
 class WriterThread:
-    """Hands batches of rows to a :class:`Sink` on its own thread; never blocks the caller."""
+    """Hands batches to a :class:`Sink` on its own thread; never blocks the caller."""
 
     def __init__(self, sink: Sink, max_pending: int = 64) -> None:
         self.sink = sink
-        self.dropped = 0  # rows lost because the writer fell behind
-        self.failed = 0  # rows lost because the sink raised
-        self._queue: queue.Queue[list[Row] | None] = queue.Queue(max_pending)
+        self.dropped = 0  # events lost because the writer fell behind
+        self.failed = 0  # events lost because the sink raised
+        self._queue: queue.Queue[Batch | None] = queue.Queue(max_pending)
         self._thread = threading.Thread(target=self._run, name="qpid-flow-events", daemon=True)
         self._thread.start()
 
-    def submit(self, rows: list[Row]) -> None:
-        if not rows:
+    def submit(self, batch: Batch) -> None:
+        size = len(batch)
+        if not size:
             return
         try:
-            self._queue.put_nowait(rows)
+            self._queue.put_nowait(batch)
         except queue.Full:
-            # The disk cannot keep up: losing log lines beats stalling every client.
-            self.dropped += len(rows)
-            log.warning("event_log_behind", dropped_rows=len(rows), dropped_total=self.dropped)
+            # The disk cannot keep up: losing log records beats stalling every client.
+            self.dropped += size
+            log.warning("event_log_behind", dropped_events=size, dropped_total=self.dropped)
 
     def _run(self) -> None:
-        while (rows := self._queue.get()) is not None:
+        while (batch := self._queue.get()) is not None:
             try:
-                self.sink.write(rows)
+                self.sink.write(batch)
             except Exception:
-                self.failed += len(rows)
-                log.exception("event_log_write_failed", rows=len(rows))
+                self.failed += len(batch)
+                log.exception("event_log_write_failed", events=len(batch))
         try:
             self.sink.close()
         except Exception:

@@ -3,7 +3,7 @@
 Written when ``events = PATH`` (``qpid-flow serve --events PATH``) is set, as JSON lines
 (``events_format = "jsonl"``, rotated by ``events_max_bytes`` / ``events_backups``) or as
 columnar segments Spark reads without parsing text (``"parquet"``). The reactor only
-appends a tuple per event; a writer thread formats and writes (event_writers.py), every
+appends each event's fields to columns; a writer thread formats and writes (event_writers.py), every
 ``FLUSH_EVERY`` seconds, so a kill -9 loses at most that much. The analytics pipeline
 (``qpid-flow report``) reads both formats. Off, it costs nothing: without a path this
 plugin is unregistered, and no per-message hook is called for it.
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qpid_flow import codec, hookimpl
-from qpid_flow.builtin.event_writers import JsonLinesSink, Row, SegmentSink, Sink, WriterThread
+from qpid_flow.builtin.event_writers import Batch, JsonLinesSink, SegmentSink, Sink, WriterThread
 from qpid_flow.groups import GroupedQueue, group_key
 
 if TYPE_CHECKING:
@@ -52,12 +52,17 @@ def _group(destination: Destination, message: Message) -> str | None:
 class Plugin:
     """Registered always; writes only when configured (see :meth:`active`).
 
-    Per event the reactor appends one tuple to ``_rows`` (a clock read, a counter and the
-    fields); every ``FLUSH_EVERY`` seconds the list goes to the writer thread, which does
-    everything else (event_writers.py)."""
+    Per event the reactor appends each field to its column (a :class:`Batch`: a clock
+    read, a counter and the fields); every ``FLUSH_EVERY`` seconds the batch goes to the
+    writer thread, which does everything else (event_writers.py)."""
 
     def __init__(self) -> None:
-        self._rows: list[Row] | None = None
+        self._batch: Batch | None = None
+        # Per per-message event, the ``append`` of each of its columns in the batch.
+        self._enqueue: tuple[Any, ...] = ()
+        self._deliver: tuple[Any, ...] = ()
+        self._settle: tuple[Any, ...] = ()
+        self._transfer_settled: tuple[Any, ...] = ()
         self._writer: WriterThread | None = None
         self._control: RouterControl | None = None
         self._config: RouterConfig | None = None
@@ -66,11 +71,11 @@ class Plugin:
 
     @property
     def active(self) -> bool:
-        return self._rows is not None
+        return self._batch is not None
 
     @property
-    def rows_lost(self) -> int:
-        """Rows the writer dropped (behind) or failed to write."""
+    def events_lost(self) -> int:
+        """Events the writer dropped (behind) or failed to write."""
         return 0 if self._writer is None else self._writer.dropped + self._writer.failed
 
     @hookimpl
@@ -86,7 +91,15 @@ class Plugin:
             sink = JsonLinesSink(path, self._run, config.events_max_bytes, config.events_backups)
         self._writer = WriterThread(sink)
         atexit.register(self._close)
-        self._rows = []
+        self._new_batch()
+
+    def _new_batch(self) -> None:
+        batch = self._batch = Batch()
+        columns = batch.columns
+        self._enqueue = tuple(column.append for column in columns["enqueue"])
+        self._deliver = tuple(column.append for column in columns["deliver"])
+        self._settle = tuple(column.append for column in columns["settle"])
+        self._transfer_settled = tuple(column.append for column in columns["transfer_settled"])
 
     @hookimpl
     def qpid_flow_started(self, control: RouterControl) -> None:
@@ -95,9 +108,10 @@ class Plugin:
             control.schedule(FLUSH_EVERY, self._flush)
 
     def _hand_over(self) -> None:
-        if self._writer is not None and self._rows:
-            rows, self._rows = self._rows, []
-            self._writer.submit(rows)
+        if self._writer is not None and self._batch is not None and len(self._batch):
+            batch = self._batch
+            self._new_batch()
+            self._writer.submit(batch)
 
     def _flush(self) -> None:
         if self._control is not None:
@@ -110,92 +124,74 @@ class Plugin:
             self._writer.close()
 
     def _emit(self, event: str, address: str | None, **fields: Any) -> None:
-        """A state event (rare): its fields as a dict."""
-        if self._rows is not None:
-            self._rows.append((event, time.time(), next(self._numbers), address, fields))
+        """A state event (rare): a row with its fields as a dict."""
+        if self._batch is not None:
+            self._batch.states.append((event, time.time(), next(self._numbers), address, fields))
+
+    # The per-message events: one append per field, in MESSAGE_FIELDS' order.
 
     @hookimpl
     def qpid_flow_message_enqueued(self, destination: Destination, message: Message) -> None:
-        rows = self._rows
-        if rows is None:
+        if self._batch is None:
             return
-        rows.append(
-            (
-                "enqueue",
-                time.time(),
-                next(self._numbers),
-                destination.address,
-                message.sequence,
-                _message_id(message),
-                message.size,
-                _group(destination, message),
-                message.producer_id,
-                destination.depth,
-                destination.bytes,
-            )
-        )
+        ts, n, address, seq, message_id, size, group, producer, depth, size_bytes = self._enqueue
+        ts(time.time())
+        n(next(self._numbers))
+        address(destination.address)
+        seq(message.sequence)
+        message_id(_message_id(message))
+        size(message.size)
+        group(_group(destination, message))
+        producer(message.producer_id)
+        depth(destination.depth)
+        size_bytes(destination.bytes)
 
     @hookimpl
     def qpid_flow_message_delivered(self, destination: Destination, message: Message, consumer: Consumer) -> None:
-        rows = self._rows
-        if rows is None:
+        if self._batch is None:
             return
-        rows.append(
-            (
-                "deliver",
-                time.time(),
-                next(self._numbers),
-                destination.address,
-                message.sequence,
-                message.size,
-                _group(destination, message),
-                consumer.id,
-                message.delivery_count,
-            )
-        )
+        ts, n, address, seq, size, group, consumer_id, delivery_count = self._deliver
+        ts(time.time())
+        n(next(self._numbers))
+        address(destination.address)
+        seq(message.sequence)
+        size(message.size)
+        group(_group(destination, message))
+        consumer_id(consumer.id)
+        delivery_count(message.delivery_count)
 
     @hookimpl
     def qpid_flow_message_settled(
         self, destination: Destination, message: Message, consumer: Consumer | None, settlement: Settlement
     ) -> None:
-        rows = self._rows
-        if rows is None:
+        if self._batch is None:
             return
-        rows.append(
-            (
-                "settle",
-                time.time(),
-                next(self._numbers),
-                destination.address,
-                message.sequence,
-                message.size,
-                _group(destination, message),
-                consumer.id if consumer is not None else None,
-                settlement.outcome.value,
-                settlement.condition,
-                destination.depth,
-                destination.bytes,
-            )
-        )
+        ts, n, address, seq, size, group, consumer_id, outcome, condition, depth, size_bytes = self._settle
+        ts(time.time())
+        n(next(self._numbers))
+        address(destination.address)
+        seq(message.sequence)
+        size(message.size)
+        group(_group(destination, message))
+        consumer_id(consumer.id if consumer is not None else None)
+        outcome(settlement.outcome.value)
+        condition(settlement.condition)
+        depth(destination.depth)
+        size_bytes(destination.bytes)
 
     @hookimpl
     def qpid_flow_transfer_settled(self, producer: Producer, message: Message, settlement: Settlement) -> None:
-        rows = self._rows
-        if rows is None:
+        if self._batch is None:
             return
-        rows.append(
-            (
-                "transfer_settled",
-                time.time(),
-                next(self._numbers),
-                message.address,
-                message.sequence,
-                message.size,
-                producer.id,
-                settlement.outcome.value,
-                settlement.condition,
-            )
-        )
+        ts, n, address, seq, size, producer_id, outcome, condition = self._transfer_settled
+        ts(time.time())
+        n(next(self._numbers))
+        address(message.address)
+        seq(message.sequence)
+        size(message.size)
+        producer_id(producer.id)
+        outcome(settlement.outcome.value)
+        condition(settlement.condition)
 
     @hookimpl
     def qpid_flow_flow_changed(self, destination: Destination, stopped: bool, limits: dict[str, int]) -> None:
@@ -210,12 +206,12 @@ class Plugin:
 
     @hookimpl
     def qpid_flow_destination_created(self, destination: Destination) -> None:
-        if self._rows is not None:
+        if self._batch is not None:
             self._policy(destination)
 
     @hookimpl
     def qpid_flow_destination_policy_changed(self, destination: Destination) -> None:
-        if self._rows is not None:
+        if self._batch is not None:
             self._policy(destination)
 
     def _policy(self, destination: Destination) -> None:
@@ -240,7 +236,7 @@ class Plugin:
 
     @hookimpl
     def qpid_flow_producer_attached(self, producer: Producer, destination: Destination | None) -> None:
-        if self._rows is not None:
+        if self._batch is not None:
             assert self._config is not None
             self._emit(
                 "producer_attached",
@@ -251,17 +247,17 @@ class Plugin:
 
     @hookimpl
     def qpid_flow_producer_detached(self, producer: Producer, destination: Destination | None) -> None:
-        if self._rows is not None:
+        if self._batch is not None:
             self._emit("producer_detached", producer.address, producer=producer.id)
 
     @hookimpl
     def qpid_flow_group_assigned(self, destination: Destination, group: str, consumer: Consumer) -> None:
-        if self._rows is not None:
+        if self._batch is not None:
             self._emit("group_assigned", destination.address, group=group, consumer=consumer.id)
 
     @hookimpl
     def qpid_flow_group_released(self, destination: Destination, group: str, consumer: Consumer, reason: str) -> None:
-        if self._rows is not None:
+        if self._batch is not None:
             self._emit("group_released", destination.address, group=group, consumer=consumer.id, reason=reason)
 
     @hookimpl

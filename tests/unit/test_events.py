@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +13,7 @@ import pytest
 
 from qpid_flow.builtin.event_writers import (
     COLUMNS,
+    Batch,
     JsonLinesSink,
     Row,
     SegmentSink,
@@ -37,13 +37,15 @@ def _rows(count: int, first: int = 1) -> list[Row]:
 def test_jsonl_lines_have_the_documented_fields_in_order(tmp_path: Path) -> None:
     sink = JsonLinesSink(tmp_path / "events.jsonl", "run1", max_bytes=0, backups=0)
     sink.write(
-        [
-            _enqueue(1),
-            ("deliver", 2.0, 2, "q", 1, 40, "g", 7, 1),
-            ("settle", 3.0, 3, "q", 1, 40, "g", 7, "accepted", None, 0, 0),
-            ("transfer_settled", 4.0, 4, "q", 1, 40, 3, "accepted", None),
-            ("flow_stopped", 5.0, 5, "q", {"depth": 9, "bytes": 90, "producers": 1}),
-        ]
+        Batch.of(
+            [
+                _enqueue(1),
+                ("deliver", 2.0, 2, "q", 1, 40, "g", 7, 1),
+                ("settle", 3.0, 3, "q", 1, 40, "g", 7, "accepted", None, 0, 0),
+                ("transfer_settled", 4.0, 4, "q", 1, 40, 3, "accepted", None),
+                ("flow_stopped", 5.0, 5, "q", {"depth": 9, "bytes": 90, "producers": 1}),
+            ]
+        )
     )
     sink.close()
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
@@ -73,7 +75,7 @@ def test_jsonl_rotates_by_size_and_keeps_the_configured_backups(tmp_path: Path) 
     path = tmp_path / "events.jsonl"
     sink = JsonLinesSink(path, "r", max_bytes=1000, backups=2)
     for n in range(1, 101):
-        sink.write([_enqueue(n)])
+        sink.write(Batch.of([_enqueue(n)]))
     sink.close()
     files = sorted(tmp_path.iterdir())
     assert [f.name for f in files] == ["events.jsonl", "events.jsonl.1", "events.jsonl.2"]
@@ -87,15 +89,15 @@ def test_jsonl_appends_to_an_existing_file(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text('{"n": -1}\n')
     sink = JsonLinesSink(path, "r", max_bytes=0, backups=0)
-    sink.write([_enqueue(1)])
+    sink.write(Batch.of([_enqueue(1)]))
     sink.close()
     assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == [-1, 1]
 
 
 def test_segments_become_parquet_with_every_documented_column(tmp_path: Path) -> None:
     sink = SegmentSink(tmp_path, "run1", max_bytes=0, backups=0)
-    sink.write(_rows(10))
-    sink.write([("group_assigned", 9.0, 11, "q", {"group": "g", "consumer": 2})])
+    sink.write(Batch.of(_rows(10)))
+    sink.write(Batch.of([("group_assigned", 9.0, 11, "q", {"group": "g", "consumer": 2})]))
     sink.close()
     (parquet,) = tmp_path.glob("*.parquet")
     assert parquet.name == "events-run1-00001.parquet"
@@ -112,7 +114,7 @@ def test_segments_become_parquet_with_every_documented_column(tmp_path: Path) ->
 def test_a_full_segment_is_closed_and_the_oldest_pruned(tmp_path: Path) -> None:
     sink = SegmentSink(tmp_path, "r", max_bytes=2000, backups=2)
     for first in range(1, 2001, 100):
-        sink.write(_rows(100, first))
+        sink.write(Batch.of(_rows(100, first)))
     sink.close()
     finished = sorted(p.name for p in tmp_path.glob("*.parquet"))
     assert len(finished) == 2, finished
@@ -124,8 +126,8 @@ def test_a_killed_writer_leaves_a_stream_read_to_its_last_flush(tmp_path: Path) 
     """kill -9 between flushes: the open stream is readable up to the last complete batch,
     a torn tail is left out, and the next start converts it to Parquet."""
     sink = SegmentSink(tmp_path, "r", max_bytes=0, backups=0)
-    sink.write(_rows(50))
-    sink.write(_rows(50, 51))
+    sink.write(Batch.of(_rows(50)))
+    sink.write(Batch.of(_rows(50, 51)))
     (stream,) = tmp_path.glob("*.arrows")
     # What a crash mid-write leaves: the start of a third batch and no end-of-stream marker.
     with stream.open("ab") as torn:
@@ -139,7 +141,7 @@ def test_a_killed_writer_leaves_a_stream_read_to_its_last_flush(tmp_path: Path) 
 
 def test_a_fresh_start_recovers_what_a_crash_left(tmp_path: Path) -> None:
     sink = SegmentSink(tmp_path, "old", max_bytes=0, backups=0)
-    sink.write(_rows(5))  # never closed: the process died
+    sink.write(Batch.of(_rows(5)))  # never closed: the process died
     SegmentSink(tmp_path, "new", max_bytes=0, backups=0).close()
     assert [p.name for p in tmp_path.iterdir()] == ["events-old-00001.parquet"]
 
@@ -150,9 +152,9 @@ class _SlowSink:
         self.rows: list[Row] = []
         self.closed = False
 
-    def write(self, rows: Sequence[Row]) -> None:
+    def write(self, batch: Batch) -> None:
         self.release.wait(10)
-        self.rows.extend(rows)
+        self.rows.extend(batch.rows())
 
     def close(self) -> None:
         self.closed = True
@@ -162,7 +164,7 @@ def test_the_writer_thread_drops_and_counts_when_the_disk_falls_behind() -> None
     sink = _SlowSink()
     writer = WriterThread(sink, max_pending=2)
     for first in range(1, 41, 10):  # one taken by the thread and stuck, two queued, one dropped
-        writer.submit(_rows(10, first))
+        writer.submit(Batch.of(_rows(10, first)))
     assert writer.dropped >= 10
     sink.release.set()
     writer.close()
@@ -173,7 +175,7 @@ def test_the_writer_thread_drops_and_counts_when_the_disk_falls_behind() -> None
 class _FailingSink:
     closed = False
 
-    def write(self, rows: Sequence[Row]) -> None:
+    def write(self, batch: Batch) -> None:
         raise OSError("disk full")
 
     def close(self) -> None:
@@ -183,8 +185,8 @@ class _FailingSink:
 def test_a_failing_sink_is_counted_and_does_not_stop_the_writer() -> None:
     sink = _FailingSink()
     writer = WriterThread(sink)
-    writer.submit(_rows(3))
-    writer.submit(_rows(4))
+    writer.submit(Batch.of(_rows(3)))
+    writer.submit(Batch.of(_rows(4)))
     writer.close()
     assert writer.failed == 7 and sink.closed
 
@@ -211,7 +213,7 @@ def test_jsonl_lines_are_what_json_dumps_makes_of_the_record(tmp_path: Path) -> 
         ("transfer_settled", 2.5, 4, "q", 1, 40, 3, "accepted", None),
     ]
     sink = JsonLinesSink(tmp_path / "events.jsonl", 'run"1', max_bytes=0, backups=0)
-    sink.write(rows)
+    sink.write(Batch.of(rows))
     sink.close()
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     for line, row in zip(lines, rows, strict=True):
