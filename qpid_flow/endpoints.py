@@ -9,7 +9,9 @@ through ``cproton`` directly; everything else stays Proton's.
 
 from __future__ import annotations
 
+import itertools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from cproton import (
@@ -35,6 +37,7 @@ __all__ = [
     "DeliveryEvent",
     "LeanDelivery",
     "LinkFlowEvent",
+    "delivery_tags",
     "keep_link",
     "kept",
     "new_delivery",
@@ -158,9 +161,18 @@ def keep_link(link: Link) -> None:
     _links[impl] = weakref.ref(link, lambda ref: _forget_link(impl, ref))
 
 
-def new_delivery(link: Link, tag: str) -> LeanDelivery:
-    """``link.delivery(tag)``, made a :class:`LeanDelivery`."""
+def new_delivery(link: Link, tag: str | bytes) -> LeanDelivery:
+    """``link.delivery(tag)``, made a :class:`LeanDelivery`. A ``bytes`` tag goes to C as
+    it is (Proton's wrapper checks its type and encodes a ``str`` first)."""
+    if tag.__class__ is bytes:
+        return LeanDelivery(lib.pn_delivery(link._impl, (len(tag), ffi.from_buffer(tag))))
     return LeanDelivery(pn_delivery(link._impl, tag))
+
+
+def delivery_tags() -> Iterator[bytes]:
+    """Delivery tags for the deliveries qpid-flow creates: b"1", b"2", ... (unique per
+    link, as AMQP asks, since they are unique per process)."""
+    return (b"%d" % n for n in itertools.count(1))
 
 
 class DeliveryEvent:

@@ -78,6 +78,9 @@ class _Pair:
         self.peer = peer
 
 
+_NODE_CACHE_SIZE = 4096
+
+
 class _UpstreamSender:
     """An upstream sender that carries a producer's transfers, and what waits for it."""
 
@@ -177,6 +180,8 @@ class BrokerRouter(Router):
         self.dialect: Dialect | None = None
         self._producer_routes: dict[int, _ProducerRoute] = {}  # by producer id
         self._relay_tags = itertools.count(1)
+        # Address -> its node in the broker's dialect: asked for every message relayed.
+        self._nodes: dict[str, Node] = {}
         self.pairs: set[_Pair] = set()
         # Whether plugins want to hear of mirrored consumers' messages (the event log does):
         # if none does, no Message is built for them.
@@ -235,6 +240,7 @@ class BrokerRouter(Router):
         if self.dialect is None:
             properties = conn.remote_properties or {}
             self.dialect = dialect_for(self._dialect_setting, _text(properties.get("product")))
+            self._nodes.clear()
             log.info("broker_dialect", dialect=self.dialect.name)
         client.container = conn.remote_container
         client.properties = _relayable(conn.remote_properties)
@@ -664,8 +670,14 @@ class BrokerRouter(Router):
         return self.destinations.get(self._node(address).name)
 
     def _node(self, address: str) -> Node:
-        dialect = self.dialect
-        return dialect.node(address) if dialect is not None else Node(address, True)
+        node = self._nodes.get(address)
+        if node is None:
+            dialect = self.dialect
+            node = dialect.node(address) if dialect is not None else Node(address, True)
+            if len(self._nodes) >= _NODE_CACHE_SIZE:
+                self._nodes.clear()  # one-off addresses must not pile up
+            self._nodes[address] = node
+        return node
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
         """Send an admitted transfer on its producer's upstream link (see _Backend)."""
@@ -713,7 +725,7 @@ class BrokerRouter(Router):
         pending = sender.pending
         while pending and pn_link_credit(link._impl) > 0:
             message, done = pending.popleft()
-            delivery = new_delivery(link, str(next(self._tags)))
+            delivery = new_delivery(link, next(self._tags))
             send_transfer(link, message.data)
             if message.origin is None:
                 delivery.settle()  # pre-settled by its producer: so it goes on
@@ -874,7 +886,7 @@ class BrokerRouter(Router):
             route.delivered += 1
             if route.destination is not None:
                 route.destination.delivered_total += 1
-            delivery = new_delivery(client, str(next(self._tags)))
+            delivery = new_delivery(client, next(self._tags))
             send_transfer(client, data)
             message = self._observe_delivery(route, data) if observed else None
             if upstream.settled:
@@ -929,7 +941,7 @@ class BrokerRouter(Router):
         if not delivery.readable or delivery.partial:
             return
         data = take_transfer(link, delivery.pending)
-        sent = new_delivery(upstream, str(next(self._tags)))
+        sent = new_delivery(upstream, next(self._tags))
         send_transfer(upstream, data)
         states = kept(upstream, "qf_coordinator")
         if states is None:

@@ -23,7 +23,16 @@ from qpid_flow import __version__, codec
 from qpid_flow.access import ANONYMOUS_USER, AccessPolicy, ConnectionLimits, Direction
 from qpid_flow.coordinator import Coordinator
 from qpid_flow.credit import window_need
-from qpid_flow.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, new_delivery, send_transfer, take_transfer
+from qpid_flow.endpoints import (
+    DeliveryEvent,
+    LeanDelivery,
+    delivery_tags,
+    keep_link,
+    kept,
+    new_delivery,
+    send_transfer,
+    take_transfer,
+)
 from qpid_flow.guard import contain_errors
 from qpid_flow.jms_selector import SELECTOR_FILTER_CODE, SELECTOR_FILTER_NAME, Selector, SelectorError, parse_selector
 from qpid_flow.memory import MemoryMeter
@@ -81,7 +90,7 @@ class Router(Handler):
         # Transfers whose outcome is known but whose producer must wait for it
         # (qpid_flow_settlement_delay), per address, in order.
         self._delayed: dict[str, list[tuple[Message, Settlement]]] = {}
-        self._tags = itertools.count(1)
+        self._tags = delivery_tags()
         self.connections: set[Connection] = set()
         self.container_id = "qpid-flow"  # the server's set it to its own (host and pid)
         self.access = AccessPolicy(config.acl)
@@ -748,7 +757,7 @@ class Router(Handler):
     def _deliver(self, consumer: Consumer, message: Message) -> None:
         link = self._consumers[consumer.id][1]
         consumer.delivered += 1
-        delivery = new_delivery(link, str(next(self._tags)))
+        delivery = new_delivery(link, next(self._tags))
         send_transfer(link, message.wire())
         if consumer.presettled:
             delivery.settle()
