@@ -90,8 +90,13 @@ def _advise(maximum: str, observed_over: str, windows: str, stop: str, resume: s
     ]
 
 
-def threshold_advice(events: DataFrame, flow_summary: DataFrame) -> DataFrame:
-    largest = events.where(F.col("event") == "enqueue").groupBy("address").agg(F.max("size").alias("largest_message"))
+def threshold_advice(events: DataFrame, flow_summary: DataFrame, largest: DataFrame | None = None) -> DataFrame:
+    """``largest``: each destination's ``largest_message`` enqueued, when known."""
+    if largest is None:
+        largest = (
+            events.where(F.col("event") == "enqueue").groupBy("address").agg(F.max("size").alias("largest_message"))
+        )
+    largest = largest.select("address", "largest_message")
     joined = (
         flow_summary.select(
             "address", "peak_depth", "peak_bytes", "max_overshoot_count", "max_overshoot_bytes", "flowStoppedCount"

@@ -31,16 +31,21 @@ def _earlier_in_group() -> WindowSpec:
     return Window.partitionBy("run", "address", "group").orderBy("start").rowsBetween(Window.unboundedPreceding, -1)
 
 
-def grouped_destinations(events: DataFrame) -> DataFrame:
-    by_assignment = events.where(F.col("event") == "group_assigned").select("run", "address")
+def grouped_destinations(events: DataFrame, assigned: DataFrame | None = None) -> DataFrame:
+    """``assigned``: the (run, address) of the ``group_assigned`` events, when known."""
+    if assigned is None:
+        assigned = events.where(F.col("event") == "group_assigned").select("run", "address")
+    by_assignment = assigned.select("run", "address")
     by_policy = events.where((F.col("event") == "destination") & F.col("grouped")).select("run", "address")
     return by_assignment.union(by_policy).distinct()
 
 
-def holds(events: DataFrame) -> DataFrame:
+def holds(events: DataFrame, grouped: DataFrame | None = None) -> DataFrame:
     """One row per delivery on a grouped destination: who held which message, from which
-    event number (``start``) to which (``end``)."""
-    grouped = grouped_destinations(events)
+    event number (``start``) to which (``end``). ``grouped``: :func:`grouped_destinations`,
+    when known."""
+    if grouped is None:
+        grouped = grouped_destinations(events)
     moves = events.where(F.col("event").isin("deliver", "settle")).join(F.broadcast(grouped), ["run", "address"])
     per_message = Window.partitionBy("run", "seq").orderBy("n")
     moves = moves.select(

@@ -16,8 +16,19 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+# Events that carry a destination's depth, or announce its thresholds.
+_LEVEL_EVENTS = ("enqueue", "settle", "flow_stopped", "flow_resumed", "destination")
+# Ordered as a window orders ``n``: an event without a number comes first.
+_FIRST = -(2**63)
 
-def flow_periods(events: DataFrame) -> DataFrame:
+
+def run_ends(events: DataFrame) -> DataFrame:
+    """The last event time of each run."""
+    return events.groupBy("run").agg(F.max("ts").alias("run_end"))
+
+
+def flow_periods(events: DataFrame, run_end: DataFrame | None = None) -> DataFrame:
+    """``run_end``: :func:`run_ends` of ``events``, when already known."""
     changes = events.where(F.col("event").isin("flow_stopped", "flow_resumed"))
     in_order = Window.partitionBy("run", "address").orderBy("n")
     changes = changes.select(
@@ -35,8 +46,9 @@ def flow_periods(events: DataFrame) -> DataFrame:
         F.lead("event").over(in_order).alias("next_event"),
         F.lead("ts").over(in_order).alias("next_ts"),
     )
-    run_end = events.groupBy("run").agg(F.max("ts").alias("run_end"))
-    stopped = changes.where(F.col("event") == "flow_stopped").join(run_end, "run")
+    if run_end is None:
+        run_end = run_ends(events)
+    stopped = changes.where(F.col("event") == "flow_stopped").join(F.broadcast(run_end), "run")
     is_open = F.col("next_event").isNull()
     return stopped.select(
         "run",
@@ -57,21 +69,59 @@ def flow_periods(events: DataFrame) -> DataFrame:
 
 def _thresholds_in_force(events: DataFrame) -> DataFrame:
     """Depth-carrying events with the stop thresholds in force when they happened (the
-    last ones a ``destination`` or flow event of the same run announced)."""
-    so_far = Window.partitionBy("run", "address").orderBy("n").rowsBetween(Window.unboundedPreceding, 0)
-    with_depth = events.where(F.col("event").isin("enqueue", "settle", "flow_stopped", "flow_resumed", "destination"))
-    return with_depth.select(
-        "run",
-        "address",
-        "event",
-        "depth",
-        "bytes",
+    last ones a ``destination`` or flow event of the same run announced).
+
+    Only the few events that carry a threshold are put in order (a window); each of them
+    is in force from its number to the next one's, and every other event takes the one
+    whose range holds its number (a broadcast join): no sort of every event."""
+    with_depth = events.where(F.col("event").isin(*_LEVEL_EVENTS))
+    order = F.coalesce(F.col("n"), F.lit(_FIRST))
+    carriers = with_depth.where(F.col("flowStopCount").isNotNull() | F.col("flowStopSize").isNotNull())
+    in_order = Window.partitionBy("run", "address").orderBy(order)
+    so_far = in_order.rowsBetween(Window.unboundedPreceding, 0)
+    ranges = carriers.select(
+        F.col("run").alias("r_run"),
+        F.col("address").alias("r_address"),
+        order.alias("r_from"),
+        F.lead(order).over(in_order).alias("r_to"),
         F.last("flowStopCount", ignorenulls=True).over(so_far).alias("stop_count"),
         F.last("flowStopSize", ignorenulls=True).over(so_far).alias("stop_size"),
     )
+    inside = (
+        F.col("run").eqNullSafe(F.col("r_run"))
+        & F.col("address").eqNullSafe(F.col("r_address"))
+        & (order >= F.col("r_from"))
+        & (F.col("r_to").isNull() | (order < F.col("r_to")))
+    )
+    return with_depth.join(F.broadcast(ranges), inside, "left").select(
+        "run", "address", "event", "depth", "bytes", "size", "stop_count", "stop_size"
+    )
 
 
-def flow_by_destination(events: DataFrame, periods: DataFrame) -> DataFrame:
+def destination_levels(events: DataFrame) -> DataFrame:
+    """Per destination, in one pass over the depth-carrying events: peak depth and bytes,
+    overshoot above the stop threshold in force, the largest stop thresholds, and the
+    enqueued messages (count, runs, largest size)."""
+    levels = _thresholds_in_force(events)
+    over_count = F.when(F.col("stop_count") > 0, F.col("depth") - F.col("stop_count"))
+    over_size = F.when(F.col("stop_size") > 0, F.col("bytes") - F.col("stop_size"))
+    # A destination without a name is never matched to its enqueued messages (a join).
+    enqueue = (F.col("event") == "enqueue") & F.col("address").isNotNull()
+    return levels.groupBy("address").agg(
+        F.max("depth").alias("peak_depth"),
+        F.max("bytes").alias("peak_bytes"),
+        F.greatest(F.max(over_count), F.lit(0)).alias("max_overshoot_count"),
+        F.greatest(F.max(over_size), F.lit(0)).alias("max_overshoot_bytes"),
+        F.max("stop_count").alias("flowStopCount"),
+        F.max("stop_size").alias("flowStopSize"),
+        F.count(F.when(enqueue, F.lit(1))).alias("enqueued"),
+        F.countDistinct(F.when(enqueue, F.col("run"))).alias("runs"),
+        F.max(F.when(enqueue, F.col("size"))).alias("largest_message"),
+    )
+
+
+def flow_by_destination(events: DataFrame, periods: DataFrame, levels: DataFrame | None = None) -> DataFrame:
+    """``levels``: :func:`destination_levels` of ``events``, when already computed."""
     per_period = periods.groupBy("address").agg(
         F.count(F.lit(1)).alias("flowStoppedCount"),
         F.sum("seconds").alias("stopped_seconds"),
@@ -79,23 +129,9 @@ def flow_by_destination(events: DataFrame, periods: DataFrame) -> DataFrame:
         F.sum(F.col("seconds") * F.coalesce(F.col("producers"), F.lit(0))).alias("producer_seconds_blocked"),
         F.sum(F.col("open").cast("int")).alias("open_at_end"),
     )
-    levels = _thresholds_in_force(events)
-    over_count = F.when(F.col("stop_count") > 0, F.col("depth") - F.col("stop_count"))
-    over_size = F.when(F.col("stop_size") > 0, F.col("bytes") - F.col("stop_size"))
-    peaks = levels.groupBy("address").agg(
-        F.max("depth").alias("peak_depth"),
-        F.max("bytes").alias("peak_bytes"),
-        F.greatest(F.max(over_count), F.lit(0)).alias("max_overshoot_count"),
-        F.greatest(F.max(over_size), F.lit(0)).alias("max_overshoot_bytes"),
-        F.max("stop_count").alias("flowStopCount"),
-        F.max("stop_size").alias("flowStopSize"),
-    )
-    messages = (
-        events.where(F.col("event") == "enqueue")
-        .groupBy("address")
-        .agg(F.count(F.lit(1)).alias("enqueued"), F.countDistinct("run").alias("runs"))
-    )
-    result = peaks.join(messages, "address", "left").join(per_period, "address", "left")
+    if levels is None:
+        levels = destination_levels(events)
+    result = levels.join(per_period, "address", "left")
     return result.select(
         "address",
         F.coalesce("runs", F.lit(0)).alias("runs"),

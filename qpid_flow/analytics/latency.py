@@ -22,9 +22,18 @@ def message_latencies(events: DataFrame) -> DataFrame:
     """One row per enqueued message: its enqueue time and both latencies (ms, null when
     the log ends before the message was delivered or settled)."""
     enqueued = events.where(F.col("event") == "enqueue").select("run", "seq", "address", F.col("ts").alias("t_enqueue"))
-    delivered = events.where(F.col("event") == "deliver").groupBy("run", "seq").agg(F.min("ts").alias("t_deliver"))
-    settled = events.where(F.col("event") == "settle").groupBy("run", "seq").agg(F.max_by("ts", "n").alias("t_settle"))
-    joined = enqueued.join(delivered, ["run", "seq"], "left").join(settled, ["run", "seq"], "left")
+    # Deliveries and settlements of a message in one aggregation, joined once.
+    deliver = F.col("event") == "deliver"
+    settle = F.col("event") == "settle"
+    moved = (
+        events.where(F.col("event").isin("deliver", "settle"))
+        .groupBy("run", "seq")
+        .agg(
+            F.min(F.when(deliver, F.col("ts"))).alias("t_deliver"),
+            F.max_by(F.when(settle, F.col("ts")), F.when(settle, F.col("n"))).alias("t_settle"),
+        )
+    )
+    joined = enqueued.join(moved, ["run", "seq"], "left")
     return joined.select(
         "address",
         "t_enqueue",

@@ -181,25 +181,69 @@ def _stream_as_parquet(stream: Path, target: Path) -> Path:
     return target
 
 
-def load_events(spark: Any, paths: list[str], scratch: Path) -> tuple[Any, dict[str, int]]:
+@dataclass
+class EventStats:
+    """What one pass over the parsed events counts, by schema version and run."""
+
+    events: int = 0
+    unreadable: int = 0
+    other_versions: int = 0
+    runs: int = 0
+    t0: float | None = None
+    t1: float | None = None
+    # The last event time of each run (schema version 1 events only).
+    run_end: dict[str | None, float | None] = field(default_factory=dict)
+    # (run, address) of every group_assigned event (schema version 1 events only).
+    assigned: list[tuple[str | None, str | None]] = field(default_factory=list)
+
+
+# Fields no analysis reads: not parsed, not cached.
+_UNUSED_FIELDS = ("id", "outcome", "condition", "reason")
+
+
+def load_events(spark: Any, paths: list[str], scratch: Path) -> tuple[Any, EventStats]:
     from pyspark.sql import functions as F
 
-    from qpid_flow.analytics.schema import SCHEMA_VERSION
+    from qpid_flow.analytics.schema import EVENT_SCHEMA, SCHEMA_VERSION
 
     raw = _read_inputs(spark, paths, scratch)
     # Logs written before the event number existed are ordered by time (microseconds).
     numbered = F.coalesce(F.col("n"), (F.col("ts") * 1_000_000).cast("long"))
-    # Parsed once: the cache is filled by the count below, and every later step (the
+    used = [numbered.alias("n") if name == "n" else F.col(name) for name in EVENT_SCHEMA.names]
+    used = [c for c, name in zip(used, EVENT_SCHEMA.names, strict=True) if name not in _UNUSED_FIELDS]
+    # Parsed once: the cache is filled by the aggregation below, and every later step (the
     # version filter included) reads the cache, not the text.
-    parsed = raw.withColumn("n", numbered).persist()
-    counts = parsed.groupBy(F.col("v")).count().collect()
-    by_version = {row["v"]: row["count"] for row in counts}
+    parsed = raw.select(*used).persist()
+    # One small table answers the counts by version, the time span, the runs and where
+    # groups were assigned: one row per (version, run, address, group_assigned or not).
+    assigned = F.col("event") == "group_assigned"
+    rows = (
+        parsed.groupBy("v", "run", F.when(assigned, F.col("address")).alias("assigned_to"), assigned.alias("assigned"))
+        .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("t0"), F.max("ts").alias("t1"))
+        .collect()
+    )
+    stats = EventStats()
+    for row in rows:
+        if row["v"] != SCHEMA_VERSION:
+            if row["v"] is None:
+                stats.unreadable += row["count"]
+            else:
+                stats.other_versions += row["count"]
+            continue
+        stats.events += row["count"]
+        run = row["run"]
+        if row["t1"] is not None:
+            end = stats.run_end.get(run)
+            stats.run_end[run] = row["t1"] if end is None else max(end, row["t1"])
+        else:
+            stats.run_end.setdefault(run, None)
+        if row["t0"] is not None:
+            stats.t0 = row["t0"] if stats.t0 is None else min(stats.t0, row["t0"])
+            stats.t1 = row["t1"] if stats.t1 is None else max(stats.t1, row["t1"])
+        if row["assigned"]:
+            stats.assigned.append((run, row["assigned_to"]))
+    stats.runs = len([run for run in stats.run_end if run is not None])
     events = parsed.where(F.col("v") == SCHEMA_VERSION)
-    stats = {
-        "events": int(by_version.get(SCHEMA_VERSION, 0)),
-        "unreadable": int(by_version.get(None, 0)),
-        "other_versions": int(sum(c for v, c in by_version.items() if v not in (None, SCHEMA_VERSION))),
-    }
     return events, stats
 
 
@@ -270,7 +314,6 @@ def run_report(
 def _run_report(
     spark: Any, inputs: list[str], out: Path, max_plots: int, progress_out: Any, scratch: Path
 ) -> ReportResult:
-    from pyspark.sql import functions as F
 
     from qpid_flow.analytics import advice, audit, flow, latency
     from qpid_flow.analytics.page import Section, Table, render_report
@@ -281,30 +324,33 @@ def _run_report(
     with Progress(TITLE, STEPS, page, spark, progress_out) as progress:
         progress.step("reading events")
         events, counts = load_events(spark, inputs, scratch)
-        span = events.agg(F.min("ts"), F.max("ts"), F.countDistinct("run")).first()
-        t0, t1, runs = span[0], span[1], int(span[2] or 0)
-        result = ReportResult(out=out, events=counts["events"], runs=runs)
+        t0, t1, runs = counts.t0, counts.t1, counts.runs
+        result = ReportResult(out=out, events=counts.events, runs=runs)
+        run_end = spark.createDataFrame(list(counts.run_end.items()), "run string, run_end double")
+        assigned = spark.createDataFrame(counts.assigned, "run string, address string")
 
         progress.step("flow control")
-        periods_frame = flow.flow_periods(events)
+        periods_frame = flow.flow_periods(events, run_end)
         periods = writer.save("flow_periods", periods_frame, ["address", "start"])
+        # Shared with the threshold advice (the largest message of each destination).
+        levels = flow.destination_levels(events).persist()
         result.flow = writer.save(
             "flow_by_destination",
-            flow.flow_by_destination(events, spark.read.parquet(str(out / "parquet" / "flow_periods"))),
+            flow.flow_by_destination(events, spark.read.parquet(str(out / "parquet" / "flow_periods")), levels),
             ["address"],
         )
 
         progress.step("latency")
         latencies = latency.message_latencies(events).persist()
         result.latency = writer.save("latency_by_destination", latency.latency_by_destination(latencies), ["address"])
-        width = latency.bucket_seconds((t1 - t0) if t0 is not None else 0.0)
+        width = latency.bucket_seconds((t1 - t0) if t0 is not None and t1 is not None else 0.0)
         over_time = writer.save(
             "latency_over_time", latency.latency_over_time(latencies, width), ["address", "bucket_start"]
         )
         latencies.unpersist()
 
         progress.step("message-group audit")
-        held = audit.holds(events).persist()
+        held = audit.holds(events, audit.grouped_destinations(events, assigned)).persist()
         order = audit.order_violations(held)
         overlap = audit.overlap_violations(held)
         result.order_violations = writer.save("group_order_violations", order, ["address", "group", "n"])
@@ -323,9 +369,10 @@ def _run_report(
         progress.step("threshold advice")
         result.advice = writer.save(
             "threshold_advice",
-            advice.threshold_advice(events, spark.read.parquet(str(out / "parquet" / "flow_by_destination"))),
+            advice.threshold_advice(events, spark.read.parquet(str(out / "parquet" / "flow_by_destination")), levels),
             ["address"],
         )
+        levels.unpersist()
 
         progress.step("plots")
         policies = {r["address"]: r for r in result.advice}
@@ -412,9 +459,9 @@ def _run_report(
         result.step_seconds = progress.timings
         summary = [
             ("inputs", ", ".join(inputs[:5]) + (f" and {len(inputs) - 5} more" if len(inputs) > 5 else "")),
-            ("events read", f"{counts['events']:,} (schema v1)"),
-            ("unreadable lines", f"{counts['unreadable']:,}"),
-            ("other schema versions (skipped)", f"{counts['other_versions']:,}"),
+            ("events read", f"{counts.events:,} (schema v1)"),
+            ("unreadable lines", f"{counts.unreadable:,}"),
+            ("other schema versions (skipped)", f"{counts.other_versions:,}"),
             ("runs (qpid-flow processes)", f"{runs:,}"),
             ("from", _when(t0)),
             ("to", _when(t1)),
