@@ -247,6 +247,22 @@ def load_events(spark: Any, paths: list[str], scratch: Path) -> tuple[Any, Event
     return events, stats
 
 
+def _small_frame(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> Any:
+    """A frame of a few rows, as literals in the plan: no Python RDD (and no Python worker
+    process) behind it, as ``createDataFrame`` would have."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StructType
+
+    kinds = StructType.fromDDL(schema)
+    assert isinstance(kinds, StructType)
+    structs = [
+        F.struct(*[F.lit(value).cast(f.dataType).alias(f.name) for value, f in zip(row, kinds.fields, strict=True)])
+        for row in rows
+    ]
+    array = F.array(*structs) if structs else F.array().cast(ArrayType(kinds))
+    return spark.range(1).select(F.inline(array)).select(*[F.col(f.name).cast(f.dataType) for f in kinds.fields])
+
+
 def _plot_depths(
     events: Any,
     out: Path,
@@ -326,8 +342,8 @@ def _run_report(
         events, counts = load_events(spark, inputs, scratch)
         t0, t1, runs = counts.t0, counts.t1, counts.runs
         result = ReportResult(out=out, events=counts.events, runs=runs)
-        run_end = spark.createDataFrame(list(counts.run_end.items()), "run string, run_end double")
-        assigned = spark.createDataFrame(counts.assigned, "run string, address string")
+        run_end = _small_frame(spark, list(counts.run_end.items()), "run string, run_end double")
+        assigned = _small_frame(spark, counts.assigned, "run string, address string")
 
         progress.step("flow control")
         periods_frame = flow.flow_periods(events, run_end)
