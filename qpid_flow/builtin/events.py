@@ -73,11 +73,6 @@ class Plugin:
     def active(self) -> bool:
         return self._batch is not None
 
-    @property
-    def events_lost(self) -> int:
-        """Events the writer dropped (behind) or failed to write."""
-        return 0 if self._writer is None else self._writer.dropped + self._writer.failed
-
     @hookimpl
     def qpid_flow_configure(self, config: RouterConfig) -> None:
         if not config.events:
