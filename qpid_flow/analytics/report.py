@@ -98,28 +98,36 @@ class ReportResult:
     step_seconds: list[tuple[str, float]] = field(default_factory=list)
 
 
-def _rows(frame: Any) -> list[dict[str, Any]]:
-    return [row.asDict() for row in frame.collect()]
-
-
 class _Writer:
-    """Writes each result table as Parquet and CSV under ``out``, then reads it back: the
-    page and the caller get the computed rows without computing the table twice."""
+    """Writes each result table as Parquet and CSV under ``out`` from one computation: the
+    table is kept (a small cache) for the tables computed from it, collected once in order
+    (as Arrow), and written from the collected rows, not by more Spark jobs."""
 
     def __init__(self, spark: Any, out: Path) -> None:
         self.spark = spark
         self.out = out
+        self.frames: dict[str, Any] = {}
 
     def save(self, name: str, frame: Any, order: Sequence[str]) -> list[dict[str, Any]]:
+        import pyarrow.parquet as pq
+
+        kept = frame.persist()
+        self.frames[name] = kept
+        table = kept.orderBy(*order).toArrow()
+        # One file per table: the tables are small (one row per destination, per period or
+        # per violation). Parquet as Spark would write it; CSV for spreadsheets.
         parquet = self.out / "parquet" / name
-        frame.write.mode("overwrite").parquet(str(parquet))
-        stored = self.spark.read.parquet(str(parquet))
-        rows = _rows(stored.orderBy(*order))
-        # One sorted CSV file per table, for spreadsheets. The tables are small (one row
-        # per destination, per period or per violation): written here from the rows
-        # already collected, not by another Spark job.
-        _write_csv(self.out / "csv" / name, stored.columns, rows)
+        if parquet.exists():
+            shutil.rmtree(parquet)
+        parquet.mkdir(parents=True)
+        pq.write_table(table, str(parquet / "part-00000.parquet"), compression="snappy")
+        rows: list[dict[str, Any]] = table.to_pylist()
+        _write_csv(self.out / "csv" / name, table.column_names, rows)
         return rows
+
+    def frame(self, name: str) -> Any:
+        """The table ``name``, as saved (computed once)."""
+        return self.frames[name]
 
     def links(self, name: str) -> list[str]:
         return [f"csv/{name}/", f"parquet/{name}/"]
@@ -352,7 +360,7 @@ def _run_report(
         levels = flow.destination_levels(events).persist()
         result.flow = writer.save(
             "flow_by_destination",
-            flow.flow_by_destination(events, spark.read.parquet(str(out / "parquet" / "flow_periods")), levels),
+            flow.flow_by_destination(events, writer.frame("flow_periods"), levels),
             ["address"],
         )
 
@@ -375,8 +383,8 @@ def _run_report(
             "group_audit",
             audit.audit_summary(
                 held,
-                spark.read.parquet(str(out / "parquet" / "group_order_violations")),
-                spark.read.parquet(str(out / "parquet" / "group_overlap_violations")),
+                writer.frame("group_order_violations"),
+                writer.frame("group_overlap_violations"),
             ),
             ["address"],
         )
@@ -385,7 +393,7 @@ def _run_report(
         progress.step("threshold advice")
         result.advice = writer.save(
             "threshold_advice",
-            advice.threshold_advice(events, spark.read.parquet(str(out / "parquet" / "flow_by_destination")), levels),
+            advice.threshold_advice(events, writer.frame("flow_by_destination"), levels),
             ["address"],
         )
         levels.unpersist()
