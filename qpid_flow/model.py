@@ -78,6 +78,7 @@ class Message:
     """
 
     __slots__ = (
+        "_envelope",
         "_group_id",
         "_selector_fields",
         "address",
@@ -131,17 +132,32 @@ class Message:
         # the group it went out in); opaque to everyone else.
         self.queue_handle: Any = None
         self._group_id: Any = _UNREAD
+        self._envelope: Any = _UNREAD
         self._selector_fields: Any = None
 
     def group_id(self, header: str | None = None) -> Any:
         """The raw group id (``properties.group-id`` or application property ``header``);
         None when the message has none, or its encoding cannot be read."""
         if self._group_id is _UNREAD:
-            try:
-                self._group_id = codec.group_id(self.data, header)
-            except codec.MalformedMessage:
-                self._group_id = None
+            if header is None:
+                envelope = self.envelope()
+                self._group_id = None if envelope is None else envelope.group_id
+            else:
+                try:
+                    self._group_id = codec.application_property(self.data, header)
+                except codec.MalformedMessage:
+                    self._group_id = None
         return self._group_id
+
+    def envelope(self) -> codec.Envelope | None:
+        """Its ttl, message-id, absolute-expiry-time and group-id, read in one pass on first
+        use and remembered; None when its encoding cannot be read."""
+        if self._envelope is _UNREAD:
+            try:
+                self._envelope = codec.envelope(self.data)
+            except codec.MalformedMessage:
+                self._envelope = None
+        return self._envelope
 
     def selector_fields(self) -> dict[str, Any]:
         """What selectors read (application properties and JMS header fields), decoded on

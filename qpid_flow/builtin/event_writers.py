@@ -275,7 +275,9 @@ def stream_batches(path: Path) -> list[Any]:
     pa = _arrow()
     batches: list[Any] = []
     try:
-        with pa.ipc.open_stream(pa.OSFile(str(path), "rb")) as reader:
+        # Memory-mapped: the batches point into the file rather than being copied (a
+        # segment is read back whole when it becomes Parquet).
+        with pa.ipc.open_stream(pa.memory_map(str(path), "r")) as reader:
             while True:
                 batches.append(reader.read_next_batch())
     except StopIteration:

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qpid_flow import codec, hookimpl
+from qpid_flow import hookimpl
 from qpid_flow.builtin.event_writers import Batch, JsonLinesSink, SegmentSink, Sink, WriterThread
 from qpid_flow.groups import GroupedQueue, group_key
 
@@ -32,10 +32,8 @@ FLUSH_EVERY = 0.5  # seconds: how much a kill -9 may lose, and how stale the fil
 
 
 def _message_id(message: Message) -> str | None:
-    try:
-        value = codec.properties_field(message.data, "message_id")
-    except codec.MalformedMessage:
-        return None
+    envelope = message.envelope()  # read once with what expiry and the group need
+    value = None if envelope is None else envelope.message_id
     if value is None:
         return None
     return value.hex() if isinstance(value, bytes) else str(value)
