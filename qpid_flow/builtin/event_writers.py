@@ -322,6 +322,9 @@ class SegmentSink:
         self.backups = backups
         folder.mkdir(parents=True, exist_ok=True)
         recover_segments(folder)
+        # pyarrow's first scalar costs ~0.2 s of lazy initialisation, holding the GIL: paid
+        # here, at start, rather than by the clients during the first flush.
+        _record_batches(Batch.of([("enqueue", 0.0, 0, "", 0, None, 0, None, None, 0, 0)]), run)
         self._index = 0
         self._writer: Any = None
         self._sink: Any = None
