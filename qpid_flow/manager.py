@@ -17,7 +17,6 @@ import importlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
-from operator import itemgetter
 from typing import Any
 
 import pluggy
@@ -67,109 +66,81 @@ def build_plugin_manager(disabled: Iterable[str] = ()) -> pluggy.PluginManager:
     return pm
 
 
-def _positional(function: Callable[..., Any], names: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
-    """``function`` called with the keyword arguments it names, taken from a dict, in order.
+def _caller_source(spec_args: tuple[str, ...], impl_args: list[tuple[str, ...]], mode: str) -> str:
+    """The text of a caller taking the hook's arguments by keyword and calling each
+    implementation (``f0``, ``f1``, ... in pluggy's order) with the ones it names.
 
-    ``operator.itemgetter`` picks them in C; one or no argument (most hooks) needs no
-    tuple at all."""
-    if not names:
-        return lambda _kwargs: function()
-    if len(names) == 1:
-        (name,) = names
-        return lambda kwargs: function(kwargs[name])
-    pick = itemgetter(*names)
-    return lambda kwargs: function(*pick(kwargs))
+    ``mode``: ``"first"`` (the first non-None answer, else None), ``"collect"`` (the list of
+    non-None answers) or ``"notify"`` (nothing)."""
+    lines = [f"def call(*, {', '.join(spec_args)}):" if spec_args else "def call():", "    try:"]
+    if mode == "collect":
+        lines.append("        results = []")
+    for index, args in enumerate(impl_args):
+        invocation = f"f{index}({', '.join(args)})"
+        if mode == "first":
+            lines += [f"        result = {invocation}", "        if result is not None:", "            return result"]
+        elif mode == "collect":
+            lines += [
+                f"        result = {invocation}",
+                "        if result is not None:",
+                "            results.append(result)",
+            ]
+        else:
+            lines.append(f"        {invocation}")
+    lines.append("        return results" if mode == "collect" else "        return None")
+    lines += [
+        "    except Exception:",
+        "        PLUGIN_ERRORS[hook] += 1",
+        '        log.exception("plugin_error", hook=hook)',
+        "        return fallback",
+    ]
+    return "\n".join(lines)
 
 
-def _direct(caller: Any) -> Callable[[dict[str, Any]], Any] | None:
-    """A plain-Python caller equivalent to pluggy's for this hook (taking the keyword
-    arguments as one dict), or None if it needs pluggy.
+def _compiled(caller: Any, mode: str, fallback: Any) -> Callable[..., Any] | None:
+    """A plain-Python caller that answers as pluggy does for this hook, or None if it
+    needs pluggy (an implementation is a wrapper).
 
     pluggy's general machinery costs microseconds per call, and some hooks run several
     times per message. When no implementation is a wrapper, calling the implementations in
     pluggy's order (last registered first, ``tryfirst``/``trylast`` honoured), each with the
-    arguments it asks for, is the same thing, several times cheaper.
-    """
-    impls = caller.get_hookimpls()
-    if any(impl.hookwrapper or impl.wrapper for impl in impls):
+    arguments it asks for, is the same thing. The caller is generated with the hook's own
+    parameters (as ``dataclasses`` generates ``__init__``): a call costs about what a call
+    of a plain function does, a third of unpacking ``**kwargs``."""
+    impls = list(reversed(caller.get_hookimpls()))
+    if caller.spec is None or any(impl.hookwrapper or impl.wrapper for impl in impls):
         return None
-    firstresult = bool(caller.spec and caller.spec.opts.get("firstresult"))
-    ordered = [_positional(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
-    if len(ordered) == 1 and firstresult:
-        return ordered[0]  # the most common shape: no loop, no extra frame
-    if firstresult:
-
-        def first(kwargs: dict[str, Any]) -> Any:
-            for call in ordered:
-                result = call(kwargs)
-                if result is not None:
-                    return result
-            return None
-
-        return first
-
-    def collect(kwargs: dict[str, Any]) -> list[Any]:
-        results = []
-        for call in ordered:
-            result = call(kwargs)
-            if result is not None:
-                results.append(result)
-        return results
-
-    return collect
+    namespace: dict[str, Any] = {
+        "PLUGIN_ERRORS": PLUGIN_ERRORS,
+        "log": log,
+        "hook": caller.name,
+        "fallback": fallback,
+    }
+    namespace.update({f"f{index}": impl.function for index, impl in enumerate(impls)})
+    source = _caller_source(tuple(caller.spec.argnames), [tuple(impl.argnames) for impl in impls], mode)
+    exec(compile(source, f"<qpid_flow hook caller {caller.name}>", "exec"), namespace)
+    function: Callable[..., Any] = namespace["call"]
+    return function
 
 
-def _guarded(caller: Any, hook: str, fallback: Any) -> Callable[..., Any]:
-    direct = _direct(caller)
+def _guarded(caller: Any, hook: str, fallback: Any, mode: str) -> Callable[..., Any]:
+    """The caller of a hook: compiled (:func:`_compiled`) unless an implementation is a
+    wrapper, then through pluggy; either way a plugin's exception is logged, counted and
+    answered with ``fallback``."""
+    compiled = _compiled(caller, mode, fallback)
+    if compiled is not None:
+        return compiled
 
-    if direct is None:
-
-        def through_pluggy(**kwargs: Any) -> Any:
-            try:
-                return caller(**kwargs)
-            except Exception:
-                PLUGIN_ERRORS[hook] += 1
-                log.exception("plugin_error", hook=hook)
-                return fallback
-
-        return through_pluggy
-
-    def call(**kwargs: Any) -> Any:
+    def through_pluggy(**kwargs: Any) -> Any:
         try:
-            return direct(kwargs)
+            results = caller(**kwargs)
         except Exception:
             PLUGIN_ERRORS[hook] += 1
             log.exception("plugin_error", hook=hook)
             return fallback
+        return None if mode == "notify" else results
 
-    return call
-
-
-def _single_notification(function: Callable[..., Any], names: tuple[str, ...], hook: str) -> Callable[..., None]:
-    """A notification only one plugin implements (the event log's per-message hooks, when
-    it is on): its function called with the arguments it names, in one frame. Several of
-    these run for every message; the general path costs two frames and a loop more."""
-    if len(names) == 1:
-        (name,) = names
-
-        def call_one(**kwargs: Any) -> None:
-            try:
-                function(kwargs[name])
-            except Exception:
-                PLUGIN_ERRORS[hook] += 1
-                log.exception("plugin_error", hook=hook)
-
-        return call_one
-    pick = itemgetter(*names) if names else (lambda _kwargs: ())
-
-    def call(**kwargs: Any) -> None:
-        try:
-            function(*pick(kwargs))
-        except Exception:
-            PLUGIN_ERRORS[hook] += 1
-            log.exception("plugin_error", hook=hook)
-
-    return call
+    return through_pluggy
 
 
 def _noop(**_kwargs: Any) -> None:
@@ -194,7 +165,8 @@ class Hooks:
         self.destination_policy_changed = self._notify(h.qpid_flow_destination_policy_changed)
         self.depth_changed = self._notify(h.qpid_flow_depth_changed)
         self.flow_changed = self._notify(h.qpid_flow_flow_changed)
-        self.destination_stats = self._notify(h.qpid_flow_destination_stats)
+        # A notification whose answers are read (the records' extra statistics).
+        self.destination_stats = _guarded(h.qpid_flow_destination_stats, "qpid_flow_destination_stats", [], "collect")
         self.producer_attached = self._notify(h.qpid_flow_producer_attached)
         self.producer_detached = self._notify(h.qpid_flow_producer_detached)
         self.transfer_settled = self._notify(h.qpid_flow_transfer_settled)
@@ -205,14 +177,17 @@ class Hooks:
         self.message_enqueued = self._notify(h.qpid_flow_message_enqueued)
         self.message_delivered = self._notify(h.qpid_flow_message_delivered)
         self.message_settled = self._notify(h.qpid_flow_message_settled)
-        self.producer_credit = _guarded(h.qpid_flow_producer_credit, "qpid_flow_producer_credit", 0)
+        self.producer_credit = _guarded(h.qpid_flow_producer_credit, "qpid_flow_producer_credit", 0, "first")
         self.transfer_arrived = _guarded(
             h.qpid_flow_transfer_arrived,
             "qpid_flow_transfer_arrived",
             Reject("a qpid-flow policy failed on this transfer", condition="amqp:internal-error"),
+            "first",
         )
-        self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, "qpid_flow_settlement_delay", False)
-        self.consumer_select = _guarded(h.qpid_flow_consumer_select, "qpid_flow_consumer_select", Hold("policy error"))
+        self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, "qpid_flow_settlement_delay", False, "first")
+        self.consumer_select = _guarded(
+            h.qpid_flow_consumer_select, "qpid_flow_consumer_select", Hold("policy error"), "first"
+        )
 
     def listens(self, name: str) -> bool:
         """Whether any plugin implements the notification ``name`` (an attribute above):
@@ -231,9 +206,6 @@ class Hooks:
 
     @staticmethod
     def _notify(caller: Any) -> Callable[..., Any]:
-        impls = caller.get_hookimpls()
-        if not impls:
+        if not caller.get_hookimpls():
             return _noop
-        if len(impls) == 1 and not (impls[0].hookwrapper or impls[0].wrapper):
-            return _single_notification(impls[0].function, tuple(impls[0].argnames), caller.name)
-        return _guarded(caller, caller.name, None)
+        return _guarded(caller, caller.name, None, "notify")
