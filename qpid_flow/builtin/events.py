@@ -167,7 +167,7 @@ class Plugin:
         size(message.size)
         group(_group(destination, message))
         consumer_id(consumer.id if consumer is not None else None)
-        outcome(settlement.outcome.value)
+        outcome(settlement.outcome._value_)  # the enum's value, without its property's call
         condition(settlement.condition)
         depth(destination.depth)
         size_bytes(destination.bytes)
@@ -183,7 +183,7 @@ class Plugin:
         seq(message.sequence)
         size(message.size)
         producer_id(producer.id)
-        outcome(settlement.outcome.value)
+        outcome(settlement.outcome._value_)  # the enum's value, without its property's call
         condition(settlement.condition)
 
     @hookimpl
