@@ -183,12 +183,13 @@ class DeliveryEvent:
     wrapped on first use (the link from the wrappers already held, see :func:`keep_link`).
     """
 
-    __slots__ = ("_delivery", "impl", "link_impl")
+    __slots__ = ("_delivery", "_link", "impl", "link_impl")
 
     def __init__(self, impl: Any, link_impl: Any) -> None:
         self.impl = impl
         self.link_impl = link_impl
         self._delivery: LeanDelivery | None = None
+        self._link: Link | None = None  # a producer's delivery asks twice (broker mode)
 
     @property
     def delivery(self) -> LeanDelivery:
@@ -198,7 +199,10 @@ class DeliveryEvent:
 
     @property
     def link(self) -> Link:
-        return _link_of(self.link_impl)
+        link = self._link
+        if link is None:
+            link = self._link = _link_of(self.link_impl)
+        return link
 
 
 class LinkFlowEvent:
