@@ -221,3 +221,28 @@ def test_jsonl_lines_are_what_json_dumps_makes_of_the_record(tmp_path: Path) -> 
         assert line == json.dumps(record)
         assert record["run"] == 'run"1' and record["event"] == row[0] and record["address"] == row[3]
     assert json.loads(lines[0])["id"] == tricky and json.loads(lines[0])["seq"] == 2**63 - 1
+
+
+def test_jsonl_columns_of_mixed_values_and_interleaved_events_come_out_in_event_order(tmp_path: Path) -> None:
+    """Columns are converted whole; one that mixes texts, numbers and nulls, and state
+    events between message events, still give json.dumps's text, ordered by ``n``."""
+    rows: list[Row] = [
+        ("enqueue", 1.5, 1, "q", 1, "id-1", 10, "g", 7, 1, 10),
+        ("enqueue", 1.25, 2, "q", 2, None, 11, None, None, 2, 21),
+        ("flow_stopped", 1.75, 3, "q", {"depth": 2, "bytes": 21, "producers": 1, "flowStopCount": 2}),
+        ("deliver", 2.0, 4, "q", 1, 10, "g", 3, 1),
+        ("settle", 2.25, 6, "q", 2, 11, None, 3, "rejected", "qpid-flow:ring-dropped", 0, 0),
+        ("settle", 2.5, 5, "q", 1, 10, "g", None, "released", None, 1, 11),
+        ("transfer_settled", 3.0, 7, "q", 2, 11, 7, "accepted", None),
+    ]
+    sink = JsonLinesSink(tmp_path / "events.jsonl", "r", max_bytes=0, backups=0)
+    sink.write(Batch.of(rows))
+    sink.close()
+    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [r["n"] for r in records] == [1, 2, 3, 4, 5, 6, 7]
+    by_n = {row[2]: row for row in rows}
+    for record in records:
+        row = by_n[record["n"]]
+        assert record["event"] == row[0] and record["ts"] == row[1] and record["address"] == row[3]
+    assert records[1]["id"] is None and records[1]["producer"] is None and records[0]["producer"] == 7
+    assert records[4]["consumer"] is None and records[5]["condition"] == "qpid-flow:ring-dropped"
