@@ -8,6 +8,7 @@ DataFrames, in Spark SQL functions only (no Python UDF), so the job runs unchang
 cluster whose executors have no qpid-flow installed:
 
 - :mod:`.flow`: flow-control periods and per-destination statistics;
+- :mod:`.messages`: each message's events in order, once, for the latency and the audit;
 - :mod:`.latency`: enqueue-to-delivery and enqueue-to-settle percentiles;
 - :mod:`.audit`: the message-group audit (order and overlap);
 - :mod:`.advice`: stop/resume thresholds from peaks and producer windows;

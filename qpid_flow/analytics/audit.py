@@ -22,6 +22,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
+from qpid_flow.analytics.messages import HOLD, message_moves
+
 # "Held until the log ends": later than any event number.
 _FOREVER = 2**62
 
@@ -40,30 +42,15 @@ def grouped_destinations(events: DataFrame, assigned: DataFrame | None = None) -
     return by_assignment.union(by_policy).distinct()
 
 
-def holds(events: DataFrame, grouped: DataFrame | None = None) -> DataFrame:
+def holds(events: DataFrame, grouped: DataFrame | None = None, moves: DataFrame | None = None) -> DataFrame:
     """One row per delivery on a grouped destination: who held which message, from which
     event number (``start``) to which (``end``). ``grouped``: :func:`grouped_destinations`,
-    when known."""
-    if grouped is None:
-        grouped = grouped_destinations(events)
-    moves = events.where(F.col("event").isin("deliver", "settle")).join(F.broadcast(grouped), ["run", "address"])
-    per_message = Window.partitionBy("run", "seq").orderBy("n")
-    moves = moves.select(
-        "run",
-        "address",
-        "seq",
-        "group",
-        "consumer",
-        "delivery_count",
-        "event",
-        "n",
-        "ts",
-        F.lead("event").over(per_message).alias("next_event"),
-        F.lead("n").over(per_message).alias("next_n"),
-        F.lead("ts").over(per_message).alias("next_ts"),
-    )
+    and ``moves``: :func:`.messages.message_moves` of ``events`` and ``grouped``, when
+    known."""
+    if moves is None:
+        moves = message_moves(events, grouped if grouped is not None else grouped_destinations(events))
     settled = F.col("next_event") == "settle"
-    return moves.where(F.col("event") == "deliver").select(
+    return moves.where(F.col("kind") == HOLD).select(
         "run",
         "address",
         F.coalesce("group", F.lit("")).alias("group"),
@@ -75,6 +62,12 @@ def holds(events: DataFrame, grouped: DataFrame | None = None) -> DataFrame:
         F.col("ts").alias("start_ts"),
         F.when(settled, F.col("next_ts")).alias("end_ts"),
     )
+
+
+def by_group(held: DataFrame) -> DataFrame:
+    """``held`` laid out by group (run, destination, group): every later step is a window
+    or an aggregation within a group, and none of them shuffles the holds again."""
+    return held.repartition("run", "address", "group")
 
 
 def order_violations(held: DataFrame) -> DataFrame:

@@ -18,8 +18,19 @@ from pyspark.sql import functions as F
 
 # Events that carry a destination's depth, or announce its thresholds.
 _LEVEL_EVENTS = ("enqueue", "settle", "flow_stopped", "flow_resumed", "destination")
+# Events about a destination or its links, not about one message: a few per flow-control
+# cycle, link or policy change.
+_CONTROL_EVENTS = ("flow_stopped", "flow_resumed", "producer_attached", "producer_detached", "destination")
 # Ordered as a window orders ``n``: an event without a number comes first.
 _FIRST = -(2**63)
+
+
+def control_events(events: DataFrame) -> DataFrame:
+    """The few events the flow periods, the thresholds in force and the threshold advice
+    read (every ``_CONTROL_EVENTS`` event, and any other depth-carrying event that announces
+    a threshold): kept apart (cached), so that those analyses do not scan every event."""
+    announces = F.col("flowStopCount").isNotNull() | F.col("flowStopSize").isNotNull()
+    return events.where(F.col("event").isin(*_CONTROL_EVENTS) | (F.col("event").isin(*_LEVEL_EVENTS) & announces))
 
 
 def run_ends(events: DataFrame) -> DataFrame:
@@ -67,16 +78,21 @@ def flow_periods(events: DataFrame, run_end: DataFrame | None = None) -> DataFra
     )
 
 
-def _thresholds_in_force(events: DataFrame) -> DataFrame:
+def _thresholds_in_force(events: DataFrame, control: DataFrame | None = None) -> DataFrame:
     """Depth-carrying events with the stop thresholds in force when they happened (the
     last ones a ``destination`` or flow event of the same run announced).
 
     Only the few events that carry a threshold are put in order (a window); each of them
     is in force from its number to the next one's, and every other event takes the one
-    whose range holds its number (a broadcast join): no sort of every event."""
+    whose range holds its number (a broadcast join): no sort of every event. ``control``:
+    :func:`control_events` of ``events``, when kept."""
     with_depth = events.where(F.col("event").isin(*_LEVEL_EVENTS))
     order = F.coalesce(F.col("n"), F.lit(_FIRST))
-    carriers = with_depth.where(F.col("flowStopCount").isNotNull() | F.col("flowStopSize").isNotNull())
+    carriers = (
+        (control if control is not None else events)
+        .where(F.col("event").isin(*_LEVEL_EVENTS))
+        .where(F.col("flowStopCount").isNotNull() | F.col("flowStopSize").isNotNull())
+    )
     in_order = Window.partitionBy("run", "address").orderBy(order)
     so_far = in_order.rowsBetween(Window.unboundedPreceding, 0)
     ranges = carriers.select(
@@ -98,11 +114,11 @@ def _thresholds_in_force(events: DataFrame) -> DataFrame:
     )
 
 
-def destination_levels(events: DataFrame) -> DataFrame:
+def destination_levels(events: DataFrame, control: DataFrame | None = None) -> DataFrame:
     """Per destination, in one pass over the depth-carrying events: peak depth and bytes,
     overshoot above the stop threshold in force, the largest stop thresholds, and the
-    enqueued messages (count, runs, largest size)."""
-    levels = _thresholds_in_force(events)
+    enqueued messages (count, runs, largest size). ``control``: :func:`control_events`."""
+    levels = _thresholds_in_force(events, control)
     over_count = F.when(F.col("stop_count") > 0, F.col("depth") - F.col("stop_count"))
     over_size = F.when(F.col("stop_size") > 0, F.col("bytes") - F.col("stop_size"))
     # A destination without a name is never matched to its enqueued messages (a join).

@@ -14,31 +14,24 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from qpid_flow.analytics.messages import ENQUEUE, message_moves
+
 PERCENTILES = [0.5, 0.95, 0.99]
 _NICE_BUCKETS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400]
 
 
-def message_latencies(events: DataFrame) -> DataFrame:
+def message_latencies(events: DataFrame, moves: DataFrame | None = None) -> DataFrame:
     """One row per enqueued message: its enqueue time and both latencies (ms, null when
-    the log ends before the message was delivered or settled)."""
-    enqueued = events.where(F.col("event") == "enqueue").select("run", "seq", "address", F.col("ts").alias("t_enqueue"))
-    # Deliveries and settlements of a message in one aggregation, joined once.
-    deliver = F.col("event") == "deliver"
-    settle = F.col("event") == "settle"
-    moved = (
-        events.where(F.col("event").isin("deliver", "settle"))
-        .groupBy("run", "seq")
-        .agg(
-            F.min(F.when(deliver, F.col("ts"))).alias("t_deliver"),
-            F.max_by(F.when(settle, F.col("ts")), F.when(settle, F.col("n"))).alias("t_settle"),
-        )
-    )
-    joined = enqueued.join(moved, ["run", "seq"], "left")
-    return joined.select(
+    the log ends before the message was delivered or settled). ``moves``:
+    :func:`.messages.message_moves` of ``events``, when already computed."""
+    if moves is None:
+        moves = message_moves(events, events.where(F.lit(False)).select("run", "address"))
+    enqueued = moves.where(F.col("kind") == ENQUEUE)
+    return enqueued.select(
         "address",
-        "t_enqueue",
-        ((F.col("t_deliver") - F.col("t_enqueue")) * 1000.0).alias("to_deliver_ms"),
-        ((F.col("t_settle") - F.col("t_enqueue")) * 1000.0).alias("to_settle_ms"),
+        F.col("ts").alias("t_enqueue"),
+        ((F.col("t_deliver") - F.col("ts")) * 1000.0).alias("to_deliver_ms"),
+        ((F.col("t_settle") - F.col("ts")) * 1000.0).alias("to_settle_ms"),
     )
 
 

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -271,26 +272,33 @@ def _small_frame(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> Any:
     return spark.range(1).select(F.inline(array)).select(*[F.col(f.name).cast(f.dataType) for f in kinds.fields])
 
 
-def _plot_depths(
-    events: Any,
-    out: Path,
-    policies: dict[str, Any],
-    flow_rows: list[dict[str, Any]],
-    periods: list[dict[str, Any]],
-    max_plots: int,
-) -> list:
-    from qpid_flow.analytics import plots
+def _depth_series(
+    events: Any, flow_rows: list[dict[str, Any]], max_plots: int
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[tuple[float, int]]]]]:
+    """The destinations plotted (most flow stops, then deepest) and their depth series."""
     from qpid_flow.analytics.flow import depth_series
 
-    ranked = sorted(flow_rows, key=lambda r: (-r["flowStoppedCount"], -r["peak_depth"], r["address"]))
-    chosen = [r["address"] for r in ranked[:max_plots]]
+    ranked = sorted(flow_rows, key=lambda r: (-r["flowStoppedCount"], -r["peak_depth"], r["address"]))[:max_plots]
+    chosen = [r["address"] for r in ranked]
     if not chosen:
-        return []
+        return [], {}
     series: dict[str, dict[str, list[tuple[float, int]]]] = {a: {} for a in chosen}
     for row in depth_series(events, chosen):
         series[row["address"]].setdefault(row["run"], []).append((row["ts"], row["depth"]))
+    return ranked, series
+
+
+def _plot_depths(
+    out: Path,
+    policies: dict[str, Any],
+    ranked: list[dict[str, Any]],
+    series: dict[str, dict[str, list[tuple[float, int]]]],
+    periods: list[dict[str, Any]],
+) -> list:
+    from qpid_flow.analytics import plots
+
     images = []
-    for row in ranked[:max_plots]:
+    for row in ranked:
         address = row["address"]
         policy = policies.get(address, {})
         stopped = [(p["start"], p["end"]) for p in periods if p["address"] == address]
@@ -339,7 +347,7 @@ def _run_report(
     spark: Any, inputs: list[str], out: Path, max_plots: int, progress_out: Any, scratch: Path
 ) -> ReportResult:
 
-    from qpid_flow.analytics import advice, audit, flow, latency
+    from qpid_flow.analytics import advice, audit, flow, latency, messages
     from qpid_flow.analytics.page import Section, Table, render_report
     from qpid_flow.analytics.progress import Progress
 
@@ -353,54 +361,93 @@ def _run_report(
         run_end = _small_frame(spark, list(counts.run_end.items()), "run string, run_end double")
         assigned = _small_frame(spark, counts.assigned, "run string, address string")
 
-        progress.step("flow control")
-        periods_frame = flow.flow_periods(events, run_end)
-        periods = writer.save("flow_periods", periods_frame, ["address", "start"])
-        # Shared with the threshold advice (the largest message of each destination).
-        levels = flow.destination_levels(events).persist()
-        result.flow = writer.save(
-            "flow_by_destination",
-            flow.flow_by_destination(events, writer.frame("flow_periods"), levels),
-            ["address"],
-        )
-
-        progress.step("latency")
-        latencies = latency.message_latencies(events).persist()
-        result.latency = writer.save("latency_by_destination", latency.latency_by_destination(latencies), ["address"])
         width = latency.bucket_seconds((t1 - t0) if t0 is not None and t1 is not None else 0.0)
-        over_time = writer.save(
-            "latency_over_time", latency.latency_over_time(latencies, width), ["address", "bucket_start"]
-        )
-        latencies.unpersist()
 
-        progress.step("message-group audit")
-        held = audit.holds(events, audit.grouped_destinations(events, assigned)).persist()
-        order = audit.order_violations(held)
-        overlap = audit.overlap_violations(held)
-        result.order_violations = writer.save("group_order_violations", order, ["address", "group", "n"])
-        result.overlap_violations = writer.save("group_overlap_violations", overlap, ["address", "group", "n"])
-        result.audit = writer.save(
-            "group_audit",
-            audit.audit_summary(
-                held,
-                writer.frame("group_order_violations"),
-                writer.frame("group_overlap_violations"),
-            ),
-            ["address"],
-        )
-        held.unpersist()
+        # The few events about destinations and links (flow periods, thresholds, advice).
+        control = flow.control_events(events).persist()
+        # Each message's events in order, for the latency and the audit (one shuffle).
+        moves = messages.message_moves(events, audit.grouped_destinations(control, assigned)).persist()
 
-        progress.step("threshold advice")
-        result.advice = writer.save(
-            "threshold_advice",
-            advice.threshold_advice(events, writer.frame("flow_by_destination"), levels),
-            ["address"],
-        )
-        levels.unpersist()
+        def flow_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
+            periods = writer.save("flow_periods", flow.flow_periods(control, run_end), ["address", "start"])
+            # Shared with the threshold advice (the largest message of each destination).
+            levels = flow.destination_levels(events, control).persist()
+            rows = writer.save(
+                "flow_by_destination",
+                flow.flow_by_destination(events, writer.frame("flow_periods"), levels),
+                ["address"],
+            )
+            return periods, rows, levels
 
-        progress.step("plots")
+        def latency_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            latencies = latency.message_latencies(events, moves)
+            by_destination = writer.save(
+                "latency_by_destination", latency.latency_by_destination(latencies), ["address"]
+            )
+            over_time = writer.save(
+                "latency_over_time", latency.latency_over_time(latencies, width), ["address", "bucket_start"]
+            )
+            return by_destination, over_time
+
+        def audit_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+            held = audit.by_group(audit.holds(events, moves=moves)).persist()
+            order = writer.save("group_order_violations", audit.order_violations(held), ["address", "group", "n"])
+            overlap = writer.save("group_overlap_violations", audit.overlap_violations(held), ["address", "group", "n"])
+            summary = writer.save(
+                "group_audit",
+                audit.audit_summary(
+                    held, writer.frame("group_order_violations"), writer.frame("group_overlap_violations")
+                ),
+                ["address"],
+            )
+            held.unpersist()
+            return summary, order, overlap
+
+        def advice_section() -> list[dict[str, Any]]:
+            _, _, levels = flow_done.result()
+            rows = writer.save(
+                "threshold_advice",
+                advice.threshold_advice(control, writer.frame("flow_by_destination"), levels),
+                ["address"],
+            )
+            levels.unpersist()
+            return rows
+
+        def depth_section() -> tuple[list[dict[str, Any]], dict[str, dict[str, list[tuple[float, int]]]]]:
+            _, flow_rows, _ = flow_done.result()
+            return _depth_series(events, flow_rows, max_plots)
+
+        # The sections are independent Spark work (the advice and the depth series wait for
+        # the flow tables): each runs in a thread of its own, so that one section's driver
+        # work (planning, collecting, writing files) and its stages of a single task overlap
+        # another's. Each table is computed as before, whatever the interleaving; the steps
+        # below wait for the sections in order, and the plots are drawn here, in one thread.
+        progress.step("flow control")
+        pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="report")
+        try:
+            flow_done = pool.submit(flow_section)
+            latency_done = pool.submit(latency_section)
+            audit_done = pool.submit(audit_section)
+            advice_done = pool.submit(advice_section)
+            depth_done = pool.submit(depth_section)
+            periods, result.flow, _ = flow_done.result()
+
+            progress.step("latency")
+            result.latency, over_time = latency_done.result()
+
+            progress.step("message-group audit")
+            result.audit, result.order_violations, result.overlap_violations = audit_done.result()
+            moves.unpersist()
+
+            progress.step("threshold advice")
+            result.advice = advice_done.result()
+
+            progress.step("plots")
+            ranked, series = depth_done.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         policies = {r["address"]: r for r in result.advice}
-        depth_images = _plot_depths(events, out, policies, result.flow, periods, max_plots)
+        depth_images = _plot_depths(out, policies, ranked, series, periods)
         busiest = [r["address"] for r in sorted(result.latency, key=lambda r: -(r["to_settle_count"] or 0))]
         latency_images = _plot_latency(out, over_time, busiest[:max_plots], width)
         result.plots = [src for src, _ in depth_images + latency_images]

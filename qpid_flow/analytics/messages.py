@@ -1,0 +1,77 @@
+"""Each message's events side by side: one shuffle and one sort for the latency and the
+message-group audit, which both follow a message (``run``, ``seq``) through its
+``deliver`` and ``settle`` events in event order.
+
+One window over the ``enqueue``, ``deliver`` and ``settle`` events, partitioned by
+message and ordered by ``n``, gives:
+
+- for each ``enqueue``: the message's first delivery time and the time of its last
+  settlement (the latency, :mod:`.latency`);
+- for each ``deliver`` on a grouped destination: the next event of the same message among
+  the ``deliver`` and ``settle`` events of grouped destinations, which ends the hold (the
+  audit, :mod:`.audit`). The window orders by (``audited``, ``n``): those events come
+  after the message's others, in event order, so that the next one is the next audited
+  one, as if the others were not there.
+
+The frame keeps only those two kinds of rows, with their columns (``kind`` says which).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+ENQUEUE = "enqueue"
+HOLD = "hold"
+
+
+def message_moves(events: DataFrame, grouped: DataFrame) -> DataFrame:
+    """``grouped``: the (run, address) of the grouped destinations, distinct
+    (:func:`.audit.grouped_destinations`)."""
+    moves = events.where(F.col("event").isin("enqueue", "deliver", "settle"))
+    marked = moves.join(
+        F.broadcast(grouped.select("run", "address", F.lit(True).alias("_grouped"))), ["run", "address"], "left"
+    )
+    audited = F.col("event").isin("deliver", "settle") & F.col("_grouped").isNotNull()
+    marked = marked.withColumn("audited", audited)
+    in_order = Window.partitionBy("run", "seq").orderBy("audited", "n")
+    whole = in_order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    deliver = F.col("event") == "deliver"
+    settle = F.col("event") == "settle"
+    windowed = marked.select(
+        "run",
+        "address",
+        "seq",
+        "group",
+        "consumer",
+        "delivery_count",
+        "event",
+        "audited",
+        "n",
+        "ts",
+        F.lead("event").over(in_order).alias("next_event"),
+        F.lead("n").over(in_order).alias("next_n"),
+        F.lead("ts").over(in_order).alias("next_ts"),
+        F.min(F.when(deliver, F.col("ts"))).over(whole).alias("t_deliver"),
+        F.max_by(F.when(settle, F.col("ts")), F.when(settle, F.col("n"))).over(whole).alias("t_settle"),
+    )
+    is_enqueue = F.col("event") == "enqueue"
+    kept = windowed.where(is_enqueue | (F.col("audited") & deliver))
+    # An enqueue without a run or a sequence number matches no delivery (a join would not).
+    known = F.col("run").isNotNull() & F.col("seq").isNotNull()
+    return kept.select(
+        F.when(is_enqueue, F.lit(ENQUEUE)).otherwise(F.lit(HOLD)).alias("kind"),
+        "run",
+        "address",
+        "seq",
+        "group",
+        "consumer",
+        "delivery_count",
+        "n",
+        "ts",
+        "next_event",
+        "next_n",
+        "next_ts",
+        F.when(known, F.col("t_deliver")).alias("t_deliver"),
+        F.when(known, F.col("t_settle")).alias("t_settle"),
+    )
