@@ -16,6 +16,16 @@ def test_defaults_are_standalone_on_the_local_port() -> None:
     assert config.producer_window == 100
 
 
+def test_the_producer_window_is_larger_in_front_of_a_broker_unless_set(tmp_path: Path) -> None:
+    """An extra hop needs more in flight for the same rate: 1,000 in front of a broker,
+    100 standalone; a configured window applies in either mode."""
+    path = tmp_path / "qpid-flow.toml"
+    path.write_text("")
+    assert load_config(path, {"broker": "amqp://127.0.0.1:5672"}).producer_window == 1000
+    assert build_config({"broker": "amqp://127.0.0.1:5672", "producer_window": 50}).producer_window == 50
+    assert build_config({"producer_window": 500}).producer_window == 500
+
+
 def test_command_line_overrides_the_file(tmp_path: Path) -> None:
     path = tmp_path / "qpid-flow.toml"
     path.write_text('listen = "0.0.0.0:6000"\nbroker = "amqp://guest:guest@127.0.0.1:5672"\n')
