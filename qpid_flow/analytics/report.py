@@ -12,6 +12,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -316,6 +317,12 @@ def _plot_depths(
     return images
 
 
+def _import_libraries() -> None:
+    import pyarrow.parquet  # noqa: F401
+
+    from qpid_flow.analytics import plots  # noqa: F401
+
+
 def _plot_latency(out: Path, over_time: list[dict[str, Any]], addresses: list[str], width: float) -> list:
     from qpid_flow.analytics import plots
 
@@ -355,6 +362,9 @@ def _run_report(
     writer = _Writer(spark, out)
     with Progress(TITLE, STEPS, page, spark, progress_out) as progress:
         progress.step("reading events")
+        # matplotlib and pyarrow take a second to import: done while Spark reads.
+        warm = threading.Thread(target=_import_libraries, name="report-imports", daemon=True)
+        warm.start()
         events, counts = load_events(spark, inputs, scratch)
         t0, t1, runs = counts.t0, counts.t1, counts.runs
         result = ReportResult(out=out, events=counts.events, runs=runs)
@@ -434,6 +444,9 @@ def _run_report(
 
             progress.step("latency")
             result.latency, over_time = latency_done.result()
+            # Drawn while Spark works on the other sections.
+            busiest = [r["address"] for r in sorted(result.latency, key=lambda r: -(r["to_settle_count"] or 0))]
+            latency_images = _plot_latency(out, over_time, busiest[:max_plots], width)
 
             progress.step("message-group audit")
             result.audit, result.order_violations, result.overlap_violations = audit_done.result()
@@ -448,8 +461,6 @@ def _run_report(
             pool.shutdown(wait=True, cancel_futures=True)
         policies = {r["address"]: r for r in result.advice}
         depth_images = _plot_depths(out, policies, ranked, series, periods)
-        busiest = [r["address"] for r in sorted(result.latency, key=lambda r: -(r["to_settle_count"] or 0))]
-        latency_images = _plot_latency(out, over_time, busiest[:max_plots], width)
         result.plots = [src for src, _ in depth_images + latency_images]
 
         progress.step("page")

@@ -55,7 +55,10 @@ def local_settings(scratch: Path, driver_memory: str) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": driver_memory,
         "spark.sql.shuffle.partitions": "4",
-        "spark.sql.adaptive.enabled": "true",
+        # Adaptive execution re-plans at every shuffle (a job per stage, more driver work
+        # between them); the report's shuffles are few and its joins of small tables are
+        # broadcast anyway.
+        "spark.sql.adaptive.enabled": "false",
         # The cached events: building the compressed columnar cache cost more (~1 s per 2M
         # events) than the smaller cache saves on the passes over it.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
