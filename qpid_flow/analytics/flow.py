@@ -172,7 +172,8 @@ def depth_series(events: DataFrame, addresses: list[str], points: int = 1200) ->
     depths = events.where(F.col("address").isin(addresses) & F.col("depth").isNotNull())
     span = depths.groupBy("address").agg(F.min("ts").alias("t0"), F.max("ts").alias("t1"))
     width = F.greatest((F.col("t1") - F.col("t0")) / points, F.lit(1e-3))
-    bucketed = depths.join(span, "address").withColumn(
+    # One row per plotted destination: broadcast (a shuffle of every depth otherwise).
+    bucketed = depths.join(F.broadcast(span), "address").withColumn(
         "bucket", F.floor((F.col("ts") - F.col("t0")) / width).cast("long")
     )
     return (
