@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -211,7 +211,12 @@ class EventStats:
 _UNUSED_FIELDS = ("id", "outcome", "condition", "reason")
 
 
-def load_events(spark: Any, paths: list[str], scratch: Path) -> tuple[Any, EventStats]:
+def load_events(
+    spark: Any, paths: list[str], scratch: Path, before_stats: Callable[[Any], None] | None = None
+) -> tuple[Any, EventStats]:
+    """The events (schema version 1, cached) and what one pass over them counts.
+    ``before_stats``: called with the events before that pass, to start other work on
+    them alongside it."""
     from pyspark.sql import functions as F
 
     from qpid_flow.analytics.schema import EVENT_SCHEMA, SCHEMA_VERSION
@@ -227,6 +232,9 @@ def load_events(spark: Any, paths: list[str], scratch: Path) -> tuple[Any, Event
     # One small table answers the counts by version, the time span, the runs and where
     # groups were assigned: one row per (version, run, address, group_assigned or not).
     assigned = F.col("event") == "group_assigned"
+    events = parsed.where(F.col("v") == SCHEMA_VERSION)
+    if before_stats is not None:
+        before_stats(events)
     rows = (
         parsed.groupBy("v", "run", F.when(assigned, F.col("address")).alias("assigned_to"), assigned.alias("assigned"))
         .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("t0"), F.max("ts").alias("t1"))
@@ -253,7 +261,6 @@ def load_events(spark: Any, paths: list[str], scratch: Path) -> tuple[Any, Event
         if row["assigned"]:
             stats.assigned.append((run, row["assigned_to"]))
     stats.runs = len([run for run in stats.run_end if run is not None])
-    events = parsed.where(F.col("v") == SCHEMA_VERSION)
     return events, stats
 
 
@@ -365,7 +372,23 @@ def _run_report(
         # matplotlib and pyarrow take a second to import: done while Spark reads.
         warm = threading.Thread(target=_import_libraries, name="report-imports", daemon=True)
         warm.start()
-        events, counts = load_events(spark, inputs, scratch)
+        early: dict[str, Any] = {}
+        first = ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-levels")
+
+        def start_levels(events: Any) -> None:
+            # The few events about destinations and links (flow periods, thresholds,
+            # advice), and the levels of each destination (flow control and advice):
+            # computed alongside the pass that counts the events, which uses the two cores
+            # while the driver prepares the sections below.
+            control = flow.control_events(events).persist()
+            levels = flow.destination_levels(events, control).persist()
+            early.update(control=control, levels=levels, ready=first.submit(levels.count))
+
+        try:
+            events, counts = load_events(spark, inputs, scratch, start_levels)
+        finally:
+            first.shutdown(wait=False)
+        control, levels = early["control"], early["levels"]
         t0, t1, runs = counts.t0, counts.t1, counts.runs
         result = ReportResult(out=out, events=counts.events, runs=runs)
         run_end = _small_frame(spark, list(counts.run_end.items()), "run string, run_end double")
@@ -373,15 +396,13 @@ def _run_report(
 
         width = latency.bucket_seconds((t1 - t0) if t0 is not None and t1 is not None else 0.0)
 
-        # The few events about destinations and links (flow periods, thresholds, advice).
-        control = flow.control_events(events).persist()
         # Each message's events in order, for the latency and the audit (one shuffle).
         moves = messages.message_moves(events, audit.grouped_destinations(control, assigned)).persist()
 
         def flow_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
             periods = writer.save("flow_periods", flow.flow_periods(control, run_end), ["address", "start"])
             # Shared with the threshold advice (the largest message of each destination).
-            levels = flow.destination_levels(events, control).persist()
+            early["ready"].result()
             rows = writer.save(
                 "flow_by_destination",
                 flow.flow_by_destination(events, writer.frame("flow_periods"), levels),
