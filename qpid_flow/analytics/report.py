@@ -12,7 +12,6 @@ import argparse
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -324,12 +323,6 @@ def _plot_depths(
     return images
 
 
-def _import_libraries() -> None:
-    import pyarrow.parquet  # noqa: F401
-
-    from qpid_flow.analytics import plots  # noqa: F401
-
-
 def _plot_latency(out: Path, over_time: list[dict[str, Any]], addresses: list[str], width: float) -> list:
     from qpid_flow.analytics import plots
 
@@ -369,9 +362,6 @@ def _run_report(
     writer = _Writer(spark, out)
     with Progress(TITLE, STEPS, page, spark, progress_out) as progress:
         progress.step("reading events")
-        # matplotlib and pyarrow take a second to import: done while Spark reads.
-        warm = threading.Thread(target=_import_libraries, name="report-imports", daemon=True)
-        warm.start()
         early: dict[str, Any] = {}
         first = ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-levels")
 
