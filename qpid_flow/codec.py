@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import Any, NamedTuple
+from typing import Any
 
 __all__ = [
     "MalformedMessage",
@@ -180,9 +180,9 @@ def _section_code(buf: bytes, pos: int) -> tuple[int, int]:
     return section, value_pos
 
 
-def _find_section(buf: bytes, wanted: int, pos: int = 0) -> int | None:
-    """Position of the value of section ``wanted`` (looked for from the section at
-    ``pos``), or None when the message has none."""
+def _find_section(buf: bytes, wanted: int) -> int | None:
+    """Position of the value of section ``wanted``, or None when the message has none."""
+    pos = 0
     end = len(buf)
     while pos < end:
         code, value_pos = _section_code(buf, pos)
@@ -299,67 +299,52 @@ def _header(buf: bytes) -> tuple[list[Any], int] | None:
 
 
 def expiry_time(buf: bytes, received: float) -> float | None:
-    """When the message expires (see :func:`expires_at`)."""
-    return expires_at(envelope(buf), received)
-
-
-class Envelope(NamedTuple):
-    """What qpid-flow itself reads of every message it keeps (standalone): expiry, and
-    what the event log records. Each field None when absent."""
-
-    ttl: Any  # header: milliseconds
-    message_id: Any
-    absolute_expiry_time: Any  # properties: milliseconds since the epoch
-    group_id: Any
-
-
-_ENVELOPE_FIELDS = (_FIELD_INDEX["message_id"], _FIELD_INDEX["absolute_expiry_time"], _FIELD_INDEX["group_id"])
-
-
-@_guarded
-def _envelope(buf: bytes, _unused: str) -> Envelope:
-    header = _header(buf)
-    ttl = header[0][2] if header is not None else None
-    pos = _find_section(buf, _PROPERTIES, header[1] if header is not None else 0)
-    if pos is None or buf[pos] == 0x45:
-        return Envelope(ttl, None, None, None)
-    code = buf[pos]
-    if code not in (0xC0, 0xD0):
-        raise MalformedMessage("the properties section is not a list")
-    _width, count, pos = _size_and_count(buf, pos + 1, code)
-    found: list[Any] = [None, None, None]
-    wanted = 0
-    for index in range(min(count, _ENVELOPE_FIELDS[-1] + 1)):
-        if buf[pos] == 0x40:  # null, the common case between set fields: nothing to read
-            pos += 1
-            if index == _ENVELOPE_FIELDS[wanted]:
-                wanted += 1
-            continue
-        after = skip(buf, pos)  # the value must lie inside the buffer
-        if index == _ENVELOPE_FIELDS[wanted]:
-            found[wanted] = decode_scalar(buf, pos)
-            wanted += 1
-        pos = after
-    return Envelope(ttl, found[0], found[1], found[2])
-
-
-def envelope(buf: bytes) -> Envelope:
-    """The header's ttl and the properties' message-id, absolute-expiry-time and group-id,
-    in one pass over the message (each read alone walks the sections again)."""
-    return _envelope(buf, "")
-
-
-def expires_at(envelope: Envelope, received: float) -> float | None:
-    """When a message expires, in seconds since the epoch: its ``ttl`` (milliseconds,
-    counted from ``received``, when it arrived here) or its ``absolute-expiry-time``,
-    whichever comes first; None if it never expires."""
-    ttl, absolute = envelope.ttl, envelope.absolute_expiry_time
+    """When the message expires, in seconds since the epoch: the header's ``ttl``
+    (milliseconds, counted from ``received``, when it arrived here) or the properties'
+    ``absolute-expiry-time``, whichever comes first; None if it never expires."""
+    try:
+        header = _header(buf)
+        ttl = header[0][2] if header is not None else None
+        absolute = properties_field(buf, "absolute_expiry_time")
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
     times = []
     if isinstance(ttl, int) and ttl > 0:
         times.append(received + ttl / 1000.0)
     if isinstance(absolute, int) and absolute > 0:
         times.append(absolute / 1000.0)
     return min(times) if times else None
+
+
+_MESSAGE_ID, _GROUP_ID = _FIELD_INDEX["message_id"], _FIELD_INDEX["group_id"]
+
+
+@_guarded
+def _identity(buf: bytes, _unused: str) -> tuple[Any, Any]:
+    pos = _find_section(buf, _PROPERTIES)
+    if pos is None or buf[pos] == 0x45:
+        return None, None
+    code = buf[pos]
+    if code not in (0xC0, 0xD0):
+        raise MalformedMessage("the properties section is not a list")
+    _width, count, pos = _size_and_count(buf, pos + 1, code)
+    if count == 0:
+        return None, None
+    after = skip(buf, pos)  # the value must lie inside the buffer
+    message_id = decode_scalar(buf, pos)
+    if count <= _GROUP_ID:
+        return message_id, None
+    pos = after
+    for _ in range(_GROUP_ID - 1):
+        pos = pos + 1 if buf[pos] == 0x40 else skip(buf, pos)  # nulls, the usual case, in one step
+    skip(buf, pos)
+    return message_id, decode_scalar(buf, pos)
+
+
+def identity(buf: bytes) -> tuple[Any, Any]:
+    """The properties' ``message-id`` and ``group-id`` in one pass (the event log records
+    both; each read alone walks the sections again)."""
+    return _identity(buf, "")
 
 
 def redelivered(buf: bytes, failed_attempts: int) -> bytes:

@@ -78,8 +78,8 @@ class Message:
     """
 
     __slots__ = (
-        "_envelope",
         "_group_id",
+        "_identity",
         "_selector_fields",
         "address",
         "data",
@@ -132,7 +132,7 @@ class Message:
         # the group it went out in); opaque to everyone else.
         self.queue_handle: Any = None
         self._group_id: Any = _UNREAD
-        self._envelope: Any = _UNREAD
+        self._identity: Any = _UNREAD
         self._selector_fields: Any = None
 
     def group_id(self, header: str | None = None) -> Any:
@@ -140,8 +140,7 @@ class Message:
         None when the message has none, or its encoding cannot be read."""
         if self._group_id is _UNREAD:
             if header is None:
-                envelope = self.envelope()
-                self._group_id = None if envelope is None else envelope.group_id
+                self._group_id = self.identity()[1]
             else:
                 try:
                     self._group_id = codec.application_property(self.data, header)
@@ -149,15 +148,15 @@ class Message:
                     self._group_id = None
         return self._group_id
 
-    def envelope(self) -> codec.Envelope | None:
-        """Its ttl, message-id, absolute-expiry-time and group-id, read in one pass on first
-        use and remembered; None when its encoding cannot be read."""
-        if self._envelope is _UNREAD:
+    def identity(self) -> tuple[Any, Any]:
+        """Its message-id and group-id (``properties``), read in one pass on first use and
+        remembered; both None when its encoding cannot be read."""
+        if self._identity is _UNREAD:
             try:
-                self._envelope = codec.envelope(self.data)
+                self._identity = codec.identity(self.data)
             except codec.MalformedMessage:
-                self._envelope = None
-        return self._envelope
+                self._identity = (None, None)
+        return self._identity
 
     def selector_fields(self) -> dict[str, Any]:
         """What selectors read (application properties and JMS header fields), decoded on

@@ -28,9 +28,10 @@ class StandaloneBackend:
         pass
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
-        envelope = message.envelope()
-        # Unreadable: not for qpid-flow to judge, it is passed on as sent.
-        message.expires = None if envelope is None else codec.expires_at(envelope, time.time())
+        try:
+            message.expires = codec.expiry_time(message.data, time.time())
+        except codec.MalformedMessage:
+            message.expires = None  # not for qpid-flow to judge: it is passed on as sent
         if message.expires is not None:
             destination.expiring = True
         if not destination.has_room_for(message) and destination.policy.policy == "ring":

@@ -32,8 +32,7 @@ FLUSH_EVERY = 0.5  # seconds: how much a kill -9 may lose, and how stale the fil
 
 
 def _message_id(message: Message) -> str | None:
-    envelope = message.envelope()  # read once with what expiry and the group need
-    value = None if envelope is None else envelope.message_id
+    value = message.identity()[0]  # read in one pass with the group-id
     if value is None:
         return None
     return value.hex() if isinstance(value, bytes) else str(value)

@@ -113,7 +113,7 @@ def test_selector_fields_map_amqp_to_jms_identifiers() -> None:
     assert (bare["JMSPriority"], bare["JMSDeliveryMode"]) == (4, "NON_PERSISTENT")
 
 
-# --- the envelope: the fields read of every message, in one pass --------------------------------
+# --- message-id and group-id in one pass --------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -123,24 +123,19 @@ def test_selector_fields_map_amqp_to_jms_identifiers() -> None:
         {"id": "msg-1"},
         {"id": 42, "group_id": "cart-17"},
         {"id": uuid.uuid4(), "ttl": 5, "expiry_time": 1010.0, "group_id": "g"},
-        {"expiry_time": 1010.0},
-        {"ttl": 2, "group_id": "only-group", "reply_to_group_id": "r"},
+        {"group_id": "only-group", "reply_to_group_id": "r"},
         {"id": b"binary", "subject": "s", "creation_time": 5.0, "durable": True},
     ],
 )
-def test_envelope_agrees_with_each_field_read_alone(fields: dict[str, object]) -> None:
+def test_identity_agrees_with_each_field_read_alone(fields: dict[str, object]) -> None:
     message = Message(body="x", **fields)
     message.annotations = {symbol("x-opt-a"): "v"}
     data = message.encode()
-    envelope = codec.envelope(data)
-    assert envelope.message_id == codec.properties_field(data, "message_id")
-    assert envelope.absolute_expiry_time == codec.properties_field(data, "absolute_expiry_time")
-    assert envelope.group_id == codec.group_id(data)
-    assert envelope.ttl == (round(fields["ttl"] * 1000) if "ttl" in fields else None)  # type: ignore[operator]
+    assert codec.identity(data) == (codec.properties_field(data, "message_id"), codec.group_id(data))
 
 
 @pytest.mark.parametrize("cut", [1, 3, 10, 20])
-def test_a_truncated_envelope_is_refused(cut: int) -> None:
+def test_a_truncated_identity_is_refused(cut: int) -> None:
     data = encode(id="x", address="somewhere-far", group_id="g", body="x")
     with pytest.raises(codec.MalformedMessage):
-        codec.envelope(data[: 3 + cut] + b"\xff")
+        codec.identity(data[: 3 + cut] + b"\xff")
