@@ -25,6 +25,10 @@ ENQUEUE = "enqueue"
 HOLD = "hold"
 
 
+# What each enqueue, delivery and settlement row carries through the per-message pass.
+_MOVE_FIELDS = ("run", "address", "seq", "group", "consumer", "delivery_count")
+
+
 def message_moves(events: DataFrame, grouped: DataFrame) -> DataFrame:
     """``grouped``: the (run, address) of the grouped destinations, distinct
     (:func:`.audit.grouped_destinations`)."""
@@ -39,12 +43,7 @@ def message_moves(events: DataFrame, grouped: DataFrame) -> DataFrame:
     deliver = F.col("event") == "deliver"
     settle = F.col("event") == "settle"
     windowed = marked.select(
-        "run",
-        "address",
-        "seq",
-        "group",
-        "consumer",
-        "delivery_count",
+        *_MOVE_FIELDS,
         "event",
         "audited",
         "n",
@@ -61,12 +60,7 @@ def message_moves(events: DataFrame, grouped: DataFrame) -> DataFrame:
     known = F.col("run").isNotNull() & F.col("seq").isNotNull()
     return kept.select(
         F.when(is_enqueue, F.lit(ENQUEUE)).otherwise(F.lit(HOLD)).alias("kind"),
-        "run",
-        "address",
-        "seq",
-        "group",
-        "consumer",
-        "delivery_count",
+        *_MOVE_FIELDS,
         "n",
         "ts",
         "next_event",
