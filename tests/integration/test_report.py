@@ -107,9 +107,12 @@ def test_the_report_of_a_real_run_matches_stat_and_finds_no_group_violation(
     latency = table(out, "latency_by_destination")
     assert int(latency[flowed]["to_settle_count"]) == 1800
     advice = table(out, "threshold_advice")
-    # Three producers with qpid-flow's default window of 100: 1000 - 300 keeps the
-    # destination under its max whatever the clients do.
-    assert int(advice[flowed]["window_count"]) == 300
-    assert int(advice[flowed]["advised_stop_count"]) == 700
+    # Producers with qpid-flow's default window of 100: max 1000 less their windows keeps
+    # the destination under its max whatever the clients do. Usually all three are attached
+    # at once (300, 700); under load one can send its 600 and go before the last attaches.
+    peak = int(advice[flowed]["peak_producers"])
+    assert peak in (2, 3)
+    assert int(advice[flowed]["window_count"]) == 100 * peak
+    assert int(advice[flowed]["advised_stop_count"]) == 1000 - 100 * peak
     page = (out / "index.html").read_text()
     assert "No violation" in page and 'src="plots/depth-' in page
