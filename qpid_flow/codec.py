@@ -316,7 +316,7 @@ def expiry_time(buf: bytes, received: float) -> float | None:
     return min(times) if times else None
 
 
-_MESSAGE_ID, _GROUP_ID = _FIELD_INDEX["message_id"], _FIELD_INDEX["group_id"]
+_GROUP_ID = _FIELD_INDEX["group_id"]
 
 
 @_guarded

@@ -123,10 +123,13 @@ def _compiled(caller: Any, mode: str, fallback: Any) -> Callable[..., Any] | Non
     return function
 
 
-def _guarded(caller: Any, hook: str, fallback: Any, mode: str) -> Callable[..., Any]:
+def _guarded(caller: Any, fallback: Any, collect: bool = False) -> Callable[..., Any]:
     """The caller of a hook: compiled (:func:`_compiled`) unless an implementation is a
     wrapper, then through pluggy; either way a plugin's exception is logged, counted and
     answered with ``fallback``."""
+    hook = caller.name
+    firstresult = caller.spec is not None and caller.spec.opts.get("firstresult")
+    mode = "first" if firstresult else "collect" if collect else "notify"
     compiled = _compiled(caller, mode, fallback)
     if compiled is not None:
         return compiled
@@ -166,7 +169,7 @@ class Hooks:
         self.depth_changed = self._notify(h.qpid_flow_depth_changed)
         self.flow_changed = self._notify(h.qpid_flow_flow_changed)
         # A notification whose answers are read (the records' extra statistics).
-        self.destination_stats = _guarded(h.qpid_flow_destination_stats, "qpid_flow_destination_stats", [], "collect")
+        self.destination_stats = _guarded(h.qpid_flow_destination_stats, [], collect=True)
         self.producer_attached = self._notify(h.qpid_flow_producer_attached)
         self.producer_detached = self._notify(h.qpid_flow_producer_detached)
         self.transfer_settled = self._notify(h.qpid_flow_transfer_settled)
@@ -177,17 +180,13 @@ class Hooks:
         self.message_enqueued = self._notify(h.qpid_flow_message_enqueued)
         self.message_delivered = self._notify(h.qpid_flow_message_delivered)
         self.message_settled = self._notify(h.qpid_flow_message_settled)
-        self.producer_credit = _guarded(h.qpid_flow_producer_credit, "qpid_flow_producer_credit", 0, "first")
+        self.producer_credit = _guarded(h.qpid_flow_producer_credit, 0)
         self.transfer_arrived = _guarded(
             h.qpid_flow_transfer_arrived,
-            "qpid_flow_transfer_arrived",
             Reject("a qpid-flow policy failed on this transfer", condition="amqp:internal-error"),
-            "first",
         )
-        self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, "qpid_flow_settlement_delay", False, "first")
-        self.consumer_select = _guarded(
-            h.qpid_flow_consumer_select, "qpid_flow_consumer_select", Hold("policy error"), "first"
-        )
+        self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, False)
+        self.consumer_select = _guarded(h.qpid_flow_consumer_select, Hold("policy error"))
 
     def listens(self, name: str) -> bool:
         """Whether any plugin implements the notification ``name`` (an attribute above):
@@ -208,4 +207,4 @@ class Hooks:
     def _notify(caller: Any) -> Callable[..., Any]:
         if not caller.get_hookimpls():
             return _noop
-        return _guarded(caller, caller.name, None, "notify")
+        return _guarded(caller, None)
