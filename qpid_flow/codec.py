@@ -88,22 +88,38 @@ def _size_and_count(buf: bytes, pos: int, code: int) -> tuple[int, int, int]:
     return _U32.unpack_from(buf, pos)[0], _U32.unpack_from(buf, pos + 4)[0], pos + 8
 
 
+# How to step over each type code, one lookup per value: a width >= 0 is a fixed-width
+# value; _SMALL and _LARGE are variable-width and compound values with a one- and a
+# four-byte size; _DESCRIBED a descriptor then a value; _UNKNOWN is no AMQP 1.0 type.
+_SMALL, _LARGE, _DESCRIBED, _UNKNOWN = -1, -4, -2, -9
+_STEP: tuple[int, ...] = tuple(
+    _FIXED.get(code)  # type: ignore[misc]
+    if code in _FIXED
+    else _SMALL
+    if code in (0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0)
+    else _LARGE
+    if code in (0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0)
+    else _DESCRIBED
+    if code == 0x00
+    else _UNKNOWN
+    for code in range(256)
+)
+
+
 def skip(buf: bytes, pos: int) -> int:
     """Return the position just past the encoded value starting at ``pos``."""
     try:
-        code = buf[pos]
-        pos += 1
-        if code == 0x00:  # described: descriptor, then the value
-            return skip(buf, skip(buf, pos))
-        width = _FIXED.get(code)
-        if width is not None:
-            end = pos + width
-        elif code in (0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0):
-            end = pos + 1 + buf[pos]
-        elif code in (0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0):
-            end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+        step = _STEP[buf[pos]]
+        if step >= 0:
+            end = pos + 1 + step
+        elif step == _SMALL:
+            end = pos + 2 + buf[pos + 1]
+        elif step == _LARGE:
+            end = pos + 5 + _U32.unpack_from(buf, pos + 1)[0]
+        elif step == _DESCRIBED:
+            return skip(buf, skip(buf, pos + 1))
         else:
-            raise MalformedMessage(f"unknown AMQP type code 0x{code:02x} at offset {pos - 1}")
+            raise MalformedMessage(f"unknown AMQP type code 0x{buf[pos]:02x} at offset {pos}")
     except (IndexError, struct.error) as exc:
         raise MalformedMessage("message encoding ends inside a value") from exc
     if end > len(buf):
@@ -115,16 +131,31 @@ def decode_scalar(buf: bytes, pos: int) -> Any:
     """Decode the simple value at ``pos``; compound values decode as None."""
     code = buf[pos]
     p = pos + 1
-    if code == 0x40:
-        return None
+    # The types message-ids and group-ids are usually made of come first: this runs for
+    # every message when the event log is on.
+    if code == 0x80:
+        return _U64.unpack_from(buf, p)[0]
     if code in (0xA1, 0xA3):
         n = buf[p]
         return buf[p + 1 : p + 1 + n].decode("utf-8")
+    if code == 0x40:
+        return None
+    if code == 0x53 or code == 0x50 or code == 0x52:
+        return buf[p]
+    if code == 0x98:
+        return uuid.UUID(bytes=bytes(buf[p : p + 16]))
+    if code == 0xA0:
+        return bytes(buf[p + 1 : p + 1 + buf[p]])
+    if code in (0x43, 0x44):
+        return 0
+    return _decode_rare(buf, code, p)
+
+
+def _decode_rare(buf: bytes, code: int, p: int) -> Any:
+    """decode_scalar for the types a message-id or group-id is seldom made of."""
     if code in (0xB1, 0xB3):
         n = _U32.unpack_from(buf, p)[0]
         return buf[p + 4 : p + 4 + n].decode("utf-8")
-    if code == 0xA0:
-        return bytes(buf[p + 1 : p + 1 + buf[p]])
     if code == 0xB0:
         n = _U32.unpack_from(buf, p)[0]
         return bytes(buf[p + 4 : p + 4 + n])
@@ -134,10 +165,6 @@ def decode_scalar(buf: bytes, pos: int) -> Any:
         return False
     if code == 0x56:
         return buf[p] != 0
-    if code in (0x43, 0x44):
-        return 0
-    if code in (0x50, 0x52, 0x53):
-        return buf[p]
     if code in (0x51, 0x54, 0x55):
         return int.from_bytes(buf[p : p + 1], "big", signed=True)
     if code == 0x60:
@@ -148,12 +175,10 @@ def decode_scalar(buf: bytes, pos: int) -> Any:
         return _U32.unpack_from(buf, p)[0]
     if code == 0x71:
         return _I32.unpack_from(buf, p)[0]
-    if code in (0x80, 0x83):
+    if code == 0x83:
         return _U64.unpack_from(buf, p)[0]
     if code == 0x81:
         return _I64.unpack_from(buf, p)[0]
-    if code == 0x98:
-        return uuid.UUID(bytes=bytes(buf[p : p + 16]))
     if code == 0x72:
         return struct.unpack_from(">f", buf, p)[0]
     if code == 0x82:
@@ -180,16 +205,19 @@ def _section_code(buf: bytes, pos: int) -> tuple[int, int]:
     return section, value_pos
 
 
-def _find_section(buf: bytes, wanted: int) -> int | None:
-    """Position of the value of section ``wanted``, or None when the message has none."""
-    pos = 0
+def _find_section(buf: bytes, wanted: int, pos: int = 0) -> int | None:
+    """Position of the value of section ``wanted``, or None when the message has none;
+    the search starts at the section at ``pos``."""
     end = len(buf)
     while pos < end:
-        code, value_pos = _section_code(buf, pos)
-        if code == wanted:
-            return value_pos
-        if code > wanted:  # sections appear in a fixed order
-            return None
+        if buf[pos + 1] == 0x53 and buf[pos] == 0x00:  # the usual form: 0x00 0x53 code
+            code, value_pos = buf[pos + 2], pos + 3
+            if not 0x70 <= code <= 0x78:
+                raise MalformedMessage(f"not a message section: descriptor {code:#x} at offset {pos}")
+        else:
+            code, value_pos = _section_code(buf, pos)
+        if code >= wanted:  # sections appear in a fixed order
+            return value_pos if code == wanted else None
         pos = skip(buf, value_pos)
     return None
 
@@ -302,49 +330,88 @@ def expiry_time(buf: bytes, received: float) -> float | None:
     """When the message expires, in seconds since the epoch: the header's ``ttl``
     (milliseconds, counted from ``received``, when it arrived here) or the properties'
     ``absolute-expiry-time``, whichever comes first; None if it never expires."""
+    # Read for every message a standalone qpid-flow takes in, so in one walk: the header
+    # can only be the first section, and the properties come after it.
     try:
-        header = _header(buf)
-        ttl = header[0][2] if header is not None else None
-        absolute = properties_field(buf, "absolute_expiry_time")
+        ttl = None
+        start = 0
+        if len(buf) >= 3:
+            code, value_pos = (buf[2], 3) if buf[1] == 0x53 and buf[0] == 0x00 else _section_code(buf, 0)
+            if code == _HEADER:
+                start = skip(buf, value_pos)
+                if buf[value_pos] != 0x45:  # not the empty list
+                    header = _header(buf)
+                    assert header is not None
+                    ttl = header[0][_TTL]
+        properties = _find_section(buf, _PROPERTIES, start)
+        absolute = None if properties is None else _list_field(buf, properties, _ABSOLUTE_EXPIRY)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
-    times = []
     if isinstance(ttl, int) and ttl > 0:
-        times.append(received + ttl / 1000.0)
+        if isinstance(absolute, int) and absolute > 0:
+            return min(received + ttl / 1000.0, absolute / 1000.0)
+        return received + ttl / 1000.0
     if isinstance(absolute, int) and absolute > 0:
-        times.append(absolute / 1000.0)
-    return min(times) if times else None
+        return absolute / 1000.0
+    return None
+
+
+_TTL = 2  # in the header's list
+_ABSOLUTE_EXPIRY = _FIELD_INDEX["absolute_expiry_time"]
+
+
+def _list_field(buf: bytes, pos: int, index: int) -> Any:
+    """Field ``index`` of the list (a header or properties section's value) at ``pos``:
+    its value, or None when the list is shorter."""
+    code = buf[pos]
+    if code == 0xC0:
+        count, pos = buf[pos + 2], pos + 3
+    elif code == 0x45:
+        return None
+    elif code == 0xD0:
+        count, pos = _U32.unpack_from(buf, pos + 5)[0], pos + 9
+    else:
+        raise MalformedMessage(f"a section that must be a list is not one (code 0x{code:02x})")
+    if index >= count:
+        return None
+    for _ in range(index):
+        pos = pos + 1 if buf[pos] == 0x40 else skip(buf, pos)  # nulls, the usual case, in one step
+    skip(buf, pos)  # the value must lie inside the buffer
+    return decode_scalar(buf, pos)
 
 
 _GROUP_ID = _FIELD_INDEX["group_id"]
 
 
-@_guarded
-def _identity(buf: bytes, _unused: str) -> tuple[Any, Any]:
-    pos = _find_section(buf, _PROPERTIES)
-    if pos is None or buf[pos] == 0x45:
-        return None, None
-    code = buf[pos]
-    if code not in (0xC0, 0xD0):
-        raise MalformedMessage("the properties section is not a list")
-    _width, count, pos = _size_and_count(buf, pos + 1, code)
-    if count == 0:
-        return None, None
-    after = skip(buf, pos)  # the value must lie inside the buffer
-    message_id = decode_scalar(buf, pos)
-    if count <= _GROUP_ID:
-        return message_id, None
-    pos = after
-    for _ in range(_GROUP_ID - 1):
-        pos = pos + 1 if buf[pos] == 0x40 else skip(buf, pos)  # nulls, the usual case, in one step
-    skip(buf, pos)
-    return message_id, decode_scalar(buf, pos)
-
-
 def identity(buf: bytes) -> tuple[Any, Any]:
     """The properties' ``message-id`` and ``group-id`` in one pass (the event log records
     both; each read alone walks the sections again)."""
-    return _identity(buf, "")
+    try:
+        pos = _find_section(buf, _PROPERTIES)
+        if pos is None:
+            return None, None
+        code = buf[pos]
+        if code == 0xC0:
+            count, pos = buf[pos + 2], pos + 3
+        elif code == 0x45:
+            return None, None
+        elif code == 0xD0:
+            count, pos = _U32.unpack_from(buf, pos + 5)[0], pos + 9
+        else:
+            raise MalformedMessage("the properties section is not a list")
+        if count == 0:
+            return None, None
+        after = skip(buf, pos)  # the value must lie inside the buffer
+        message_id = decode_scalar(buf, pos)
+        if count <= _GROUP_ID:
+            return message_id, None
+        pos = after
+        for _ in range(_GROUP_ID - 1):
+            pos = pos + 1 if buf[pos] == 0x40 else skip(buf, pos)  # nulls, the usual case, in one step
+        skip(buf, pos)
+        return message_id, decode_scalar(buf, pos)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
 
 
 def redelivered(buf: bytes, failed_attempts: int) -> bytes:

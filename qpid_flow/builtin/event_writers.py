@@ -85,6 +85,27 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 Row = tuple[Any, ...]
 
 
+def message_id_text(value: Any) -> str | None:
+    """A message-id as the log writes it: text as it is, binary as hex, a number or UUID as
+    its ``str``."""
+    if value is None or value.__class__ is str:
+        return value
+    return value.hex() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+_ID = 3 + MESSAGE_FIELDS["enqueue"].index("id")  # the column of enqueue's message-id
+
+
+def _ids_as_text(batch: Batch) -> None:
+    """Make the message-id column text. The reactor appends each id as it was read (its
+    conversion costs less here, a column at a time)."""
+    ids = batch.columns["enqueue"][_ID]
+    kinds = set(map(type, ids))
+    if kinds <= {str, type(None)}:
+        return
+    ids[:] = map(str, ids) if kinds == {int} else map(message_id_text, ids)
+
+
 class Batch:
     """What the reactor hands to the writer: each per-message event's fields column by
     column (``columns[event][i]`` is the list of field ``i`` of ``("ts", "n", "address",
@@ -120,6 +141,7 @@ class Batch:
 
     def rows(self) -> list[Row]:
         """Every event as a :class:`Row`, in the order of ``n``."""
+        _ids_as_text(self)
         rows: list[Row] = list(self.states)
         for event, columns in self.columns.items():
             if columns[0]:
@@ -216,6 +238,7 @@ class JsonLinesSink:
         """Every event of ``batch`` as a JSON line, in the order of ``n``. Built column by
         column: each column is converted to JSON text in one pass (:func:`_json_column`),
         and each line is its template filled from the converted columns."""
+        _ids_as_text(batch)
         numbers: list[int] = []
         lines: list[str] = []
         for event, columns in batch.columns.items():
@@ -282,6 +305,7 @@ def _record_batches(batch: Batch, run: str) -> list[Any]:
     constant ones are repeated scalars."""
     pa = _arrow()
     schema = arrow_schema()
+    _ids_as_text(batch)
     batches = []
     for event, columns in batch.columns.items():
         count = len(columns[0])

@@ -31,13 +31,6 @@ if TYPE_CHECKING:
 FLUSH_EVERY = 0.5  # seconds: how much a kill -9 may lose, and how stale the files are
 
 
-def _message_id(message: Message) -> str | None:
-    value = message.identity()[0]  # read in one pass with the group-id
-    if value is None:
-        return None
-    return value.hex() if isinstance(value, bytes) else str(value)
-
-
 def _group(destination: Destination, message: Message) -> str | None:
     queue = destination.queue
     if isinstance(queue, GroupedQueue):
@@ -131,7 +124,7 @@ class Plugin:
         n(next(self._numbers))
         address(destination.address)
         seq(message.sequence)
-        message_id(_message_id(message))
+        message_id(message.identity()[0])  # as read: the writer makes it text (message_id_text)
         size(message.size)
         group(_group(destination, message))
         producer(message.producer_id)

@@ -246,3 +246,28 @@ def test_jsonl_columns_of_mixed_values_and_interleaved_events_come_out_in_event_
         assert record["event"] == row[0] and record["ts"] == row[1] and record["address"] == row[3]
     assert records[1]["id"] is None and records[1]["producer"] is None and records[0]["producer"] == 7
     assert records[4]["consumer"] is None and records[5]["condition"] == "qpid-flow:ring-dropped"
+
+
+@pytest.mark.parametrize("format_", ["jsonl", "parquet"])
+def test_message_ids_recorded_as_read_are_written_as_text(tmp_path: Path, format_: str) -> None:
+    """The reactor appends a message-id as the codec read it; both formats write it as
+    docs/events.md says: text as is, a number or UUID as its str, binary as hex."""
+    import uuid
+
+    an_uuid = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    ids: list[object] = [7, "id-2", an_uuid, b"\x01\xff", None, 2**64 - 1]
+    rows: list[Row] = [("enqueue", 1.0 + n, n, "q", n, value, 1, None, None, 0, 0) for n, value in enumerate(ids, 1)]
+    expected = ["7", "id-2", str(an_uuid), "01ff", None, str(2**64 - 1)]
+    if format_ == "jsonl":
+        jsonl = JsonLinesSink(tmp_path / "events.jsonl", "r", max_bytes=0, backups=0)
+        jsonl.write(Batch.of(rows))
+        jsonl.close()
+        written = [json.loads(line)["id"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    else:
+        segments = SegmentSink(tmp_path / "events", "r", max_bytes=0, backups=0)
+        segments.write(Batch.of(rows))
+        segments.close()
+        written = [r["id"] for r in read_rows(sorted((tmp_path / "events").glob("*.parquet")))]
+    assert written == expected
+    only_numbers = Batch.of([("enqueue", 1.0, 1, "q", 1, 42, 1, None, None, 0, 0)])
+    assert only_numbers.rows()[0][5] == "42"
