@@ -34,6 +34,10 @@ hookspec = pluggy.HookspecMarker("qpid_flow")
 def qpid_flow_configure(config: RouterConfig) -> None:
     """Called once at start, before any connection, with the validated configuration.
 
+    Raise :class:`~qpid_flow.config.ConfigError` to refuse it (a setting breaks a rule, a
+    file cannot be written): qpid-flow then does not start, and prints the error's one line.
+    Any other exception is logged as ``plugin_error`` and the start goes on.
+
     :param config: the router configuration; a plugin's own settings are in
         ``config.plugin_settings(name)`` (the ``[plugins.NAME]`` table of the file).
     """

@@ -146,6 +146,24 @@ def _guarded(caller: Any, fallback: Any, collect: bool = False) -> Callable[...,
     return through_pluggy
 
 
+def _refusable(caller: Any) -> Callable[..., None]:
+    """The caller of the start-up hook whose implementations may refuse the configuration:
+    a :class:`~qpid_flow.config.ConfigError` goes on to the caller (qpid-flow does not start
+    and prints its one line); any other exception is logged and counted like any hook's."""
+    from qpid_flow.config import ConfigError
+
+    def call(**kwargs: Any) -> None:
+        try:
+            caller(**kwargs)
+        except ConfigError:
+            raise
+        except Exception:
+            PLUGIN_ERRORS[caller.name] += 1
+            log.exception("plugin_error", hook=caller.name)
+
+    return call
+
+
 def _noop(**_kwargs: Any) -> None:
     return None
 
@@ -160,7 +178,7 @@ class Hooks:
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm
         h = pm.hook
-        self.configure = self._notify(h.qpid_flow_configure)
+        self.configure = _refusable(h.qpid_flow_configure)
         self.started = self._notify(h.qpid_flow_started)
         self.stopping = self._notify(h.qpid_flow_stopping)
         self.destination_created = self._notify(h.qpid_flow_destination_created)

@@ -387,7 +387,10 @@ class SegmentSink:
         # pyarrow's first scalar costs ~0.2 s of lazy initialisation, holding the GIL: paid
         # here, at start, rather than by the clients during the first flush.
         _record_batches(Batch.of([("enqueue", 0.0, 0, "", 0, None, 0, None, None, 0, 0)]), run)
-        self._index = 0
+        # Number on from this run's segments already there: a writer started again for the
+        # same run (its predecessor died) must not overwrite them.
+        numbers = (p.stem.rsplit("-", 1)[1] for p in folder.glob(f"events-{run}-*.parquet"))
+        self._index = max((int(k) for k in numbers if k.isdigit()), default=0)
         self._writer: Any = None
         self._sink: Any = None
         self._stream: Path | None = None

@@ -3,8 +3,9 @@
 Written when ``events = PATH`` (``qpid-flow serve --events PATH``) is set, as JSON lines
 (``events_format = "jsonl"``, rotated by ``events_max_bytes`` / ``events_backups``) or as
 columnar segments Spark reads without parsing text (``"parquet"``). The reactor only
-appends each event's fields to columns; a writer thread formats and writes (event_writers.py), every
-``FLUSH_EVERY`` seconds, so a kill -9 loses at most that much. The analytics pipeline
+appends each event's fields to columns; every ``FLUSH_EVERY`` seconds a writer thread hands
+them to a child process that formats and writes them (event_process.py, event_writers.py),
+so a kill -9 loses at most that much. The analytics pipeline
 (``qpid-flow report``) reads both formats. Off, it costs nothing: without a path this
 plugin is unregistered, and no per-message hook is called for it.
 """
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qpid_flow import hookimpl
-from qpid_flow.builtin.event_writers import Batch, JsonLinesSink, SegmentSink, Sink, WriterThread
+from qpid_flow.builtin.event_process import EventLogUnavailable, ProcessSink
+from qpid_flow.builtin.event_writers import Batch, WriterThread
+from qpid_flow.config import ConfigError
 from qpid_flow.groups import GroupedQueue, group_key
 
 if TYPE_CHECKING:
@@ -69,11 +72,10 @@ class Plugin:
             return
         self._config = config
         path = Path(config.events)
-        sink: Sink
-        if config.events_format == "parquet":
-            sink = SegmentSink(path, self._run, config.events_max_bytes, config.events_backups)
-        else:
-            sink = JsonLinesSink(path, self._run, config.events_max_bytes, config.events_backups)
+        try:
+            sink = ProcessSink(config.events_format, path, self._run, config.events_max_bytes, config.events_backups)
+        except EventLogUnavailable as exc:
+            raise ConfigError("events", config.events, str(exc)) from None
         self._writer = WriterThread(sink)
         atexit.register(self._close)
         self._new_batch()

@@ -1,8 +1,10 @@
 """The columnar event log across a crash: kill -9 loses at most the last flush interval,
-what is left is readable, and the next start on the folder turns it into Parquet."""
+what is left is readable, and the next start on the folder turns it into Parquet; a
+router killed alone leaves its writer to finish the files."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -28,7 +30,10 @@ def test_a_killed_router_leaves_a_readable_log_that_the_next_start_recovers(qpid
     while sum(r["event"] == "settle" for r in _records(folder)) < 200:
         assert time.monotonic() < deadline, "the events never reached the open segment"
         time.sleep(0.2)
-    router.stop(signal.SIGKILL)
+    # The whole process group at once, router and its writer, as a power cut would (the
+    # router alone: the next test).
+    os.killpg(router.pid, signal.SIGKILL)
+    router.stop()
     (stream,) = folder.glob("events-*.arrows")
     assert not list(folder.glob("events-*.parquet")), "nothing was finished before the kill"
     left = read_rows([stream])
@@ -47,3 +52,32 @@ def test_a_killed_router_leaves_a_readable_log_that_the_next_start_recovers(qpid
     (recovered,) = [p for p in folder.glob("events-*.parquet") if p.stem == stream.stem]
     assert read_rows([recovered]) == left
     again.stop()
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return [int(child) for task in tasks for child in (task / "children").read_text().split()]
+
+
+def test_a_killed_router_s_writer_finishes_what_it_was_sent(qpid_flow_process, tmp_path) -> None:
+    """kill -9 of the router alone (its writer process survives, as when the kernel's
+    out-of-memory killer picks the router): the writer sees its input close, writes what it
+    had and finishes the segment, so the log is complete and needs no recovery."""
+    folder = tmp_path / "segments"
+    router = qpid_flow_process(extra_args=["--events", str(folder), "--events-format", "parquet"])
+    run_all(Producer(router.url, "crash", [make_message("p", i) for i in range(200)]))
+    run_all(Consumer(router.url, "crash", count=200))
+    deadline = time.monotonic() + 30
+    while sum(r["event"] == "settle" for r in _records(folder)) < 200:
+        assert time.monotonic() < deadline, "the events never reached the open segment"
+        time.sleep(0.2)
+    (writer,) = _children(router.pid)
+    os.kill(router.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{writer}").exists() and "Z" not in Path(f"/proc/{writer}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the writer did not finish after the router died"
+        time.sleep(0.1)
+    assert not list(folder.glob("events-*.arrows"))
+    records = read_rows(sorted(folder.glob("events-*.parquet")))
+    for event in ("enqueue", "transfer_settled", "deliver", "settle"):
+        assert sum(r["event"] == event for r in records) == 200, event

@@ -102,6 +102,30 @@ def test_a_failing_plugin_is_contained_with_the_safest_answer() -> None:
     assert dest.depth == 1
 
 
+def test_a_plugin_refusing_its_settings_stops_the_start_and_a_bug_does_not() -> None:
+    """configure: a ConfigError reaches the caller (qpid-flow refuses to start with its one
+    line); any other exception is contained like in every hook."""
+    from qpid_flow.config import ConfigError, RouterConfig
+
+    class Refusing:
+        @hookimpl
+        def qpid_flow_configure(self) -> None:
+            raise ConfigError("plugins.refusing.limit", -1, "must be >= 0")
+
+    class Buggy:
+        @hookimpl
+        def qpid_flow_configure(self) -> None:
+            raise RuntimeError("bug")
+
+    pm = build_plugin_manager()
+    pm.register(Refusing(), name="refusing")
+    with pytest.raises(ConfigError, match=r"plugins.refusing.limit = -1: must be >= 0"):
+        Hooks(pm).configure(config=RouterConfig())
+    pm = build_plugin_manager()
+    pm.register(Buggy(), name="buggy")
+    Hooks(pm).configure(config=RouterConfig())
+
+
 def test_passthrough_keeps_a_window_topped_up_in_batches() -> None:
     hooks = Hooks(build_plugin_manager())
     producer = Producer("q")
