@@ -330,6 +330,12 @@ def expiry_time(buf: bytes, received: float) -> float | None:
     """When the message expires, in seconds since the epoch: the header's ``ttl``
     (milliseconds, counted from ``received``, when it arrived here) or the properties'
     ``absolute-expiry-time``, whichever comes first; None if it never expires."""
+    return expiry_and_properties(buf, received)[0]
+
+
+def expiry_and_properties(buf: bytes, received: float) -> tuple[float | None, int | None]:
+    """:func:`expiry_time`, and where the value of the properties section starts (None: the
+    message has none), found on the way: :func:`identity` can start there."""
     # Read for every message a standalone qpid-flow takes in, so in one walk: the header
     # can only be the first section, and the properties come after it.
     try:
@@ -349,11 +355,11 @@ def expiry_time(buf: bytes, received: float) -> float | None:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
     if isinstance(ttl, int) and ttl > 0:
         if isinstance(absolute, int) and absolute > 0:
-            return min(received + ttl / 1000.0, absolute / 1000.0)
-        return received + ttl / 1000.0
+            return min(received + ttl / 1000.0, absolute / 1000.0), properties
+        return received + ttl / 1000.0, properties
     if isinstance(absolute, int) and absolute > 0:
-        return absolute / 1000.0
-    return None
+        return absolute / 1000.0, properties
+    return None, properties
 
 
 _TTL = 2  # in the header's list
@@ -383,11 +389,12 @@ def _list_field(buf: bytes, pos: int, index: int) -> Any:
 _GROUP_ID = _FIELD_INDEX["group_id"]
 
 
-def identity(buf: bytes) -> tuple[Any, Any]:
+def identity(buf: bytes, properties: int | None = -1) -> tuple[Any, Any]:
     """The properties' ``message-id`` and ``group-id`` in one pass (the event log records
-    both; each read alone walks the sections again)."""
+    both; each read alone walks the sections again). ``properties``: where the properties
+    section's value starts, if known (:func:`expiry_and_properties`; None: it has none)."""
     try:
-        pos = _find_section(buf, _PROPERTIES)
+        pos = _find_section(buf, _PROPERTIES) if properties == -1 else properties
         if pos is None:
             return None, None
         code = buf[pos]

@@ -45,14 +45,12 @@ class Destination:
         address: str,
         policy: DestinationPolicy,
         hooks: Hooks,
-        clock: Callable[[], float] = time.monotonic,
         lookahead: int = DEFAULT_LOOKAHEAD,
         memory: MemoryMeter | None = None,
     ) -> None:
         self.address = address
         self.policy = policy
         self._hooks = hooks
-        self._clock = clock
         self._memory = memory
         # Waiting for a consumer; a plugin may install another kind (message groups).
         self._turn = 0
@@ -165,7 +163,6 @@ class Destination:
         ``counted=False`` for a message fetched from the broker: it was counted when it
         passed through qpid-flow on its way in (or the broker's backlog counts it).
         """
-        message.enqueued_at = self._clock()
         self.queue.append(message)
         if self._memory is not None:
             self._memory.add(message.size)

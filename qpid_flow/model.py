@@ -84,12 +84,12 @@ class Message:
         "address",
         "data",
         "delivery_count",
-        "enqueued_at",
         "expires",
         "failed_attempts",
         "on_dequeue",
         "origin",
         "producer_id",
+        "properties_at",
         "queue_handle",
         "sequence",
         "size",
@@ -127,7 +127,10 @@ class Message:
         # The transaction (qpid_flow.transactions.Transaction) a transfer arrived in: it is
         # staged there, not enqueued, until the commit.
         self.txn: Any = None
-        self.enqueued_at = 0.0
+        # Where the properties section starts, when something that walked the encoding
+        # anyway found it (standalone reads expiry for every message): the message-id and
+        # group-id are then read without walking the sections again. -1: not known.
+        self.properties_at: int | None = -1
         # The queue's own note on the message while a consumer holds it (a grouped queue:
         # the group it went out in); opaque to everyone else.
         self.queue_handle: Any = None
@@ -153,7 +156,7 @@ class Message:
         remembered; both None when its encoding cannot be read."""
         if self._identity is _UNREAD:
             try:
-                self._identity = codec.identity(self.data)
+                self._identity = codec.identity(self.data, self.properties_at)
             except codec.MalformedMessage:
                 self._identity = (None, None)
         return self._identity

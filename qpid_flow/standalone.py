@@ -29,7 +29,7 @@ class StandaloneBackend:
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
         try:
-            message.expires = codec.expiry_time(message.data, time.time())
+            message.expires, message.properties_at = codec.expiry_and_properties(message.data, time.time())
         except codec.MalformedMessage:
             message.expires = None  # not for qpid-flow to judge: it is passed on as sent
         if message.expires is not None:

@@ -32,9 +32,12 @@ if TYPE_CHECKING:
     from qpid_flow.model import Consumer, Message, Producer, Settlement
 
 FLUSH_EVERY = 0.5  # seconds: how much a kill -9 may lose, and how stale the files are
+_now = time.time  # a global name: one lookup less, four times a message
 
 
 def _group(destination: Destination, message: Message) -> str | None:
+    """The group column: the group a grouped destination dispatches the message in, else
+    its ``group-id`` (None without one)."""
     queue = destination.queue
     if isinstance(queue, GroupedQueue):
         return queue.group_of(message)
@@ -59,7 +62,7 @@ class Plugin:
         self._writer: WriterThread | None = None
         self._control: RouterControl | None = None
         self._config: RouterConfig | None = None
-        self._numbers = itertools.count(1)  # n: orders a run's events exactly (timestamps tie)
+        self._number = itertools.count(1).__next__  # n: orders a run's events exactly (timestamps tie)
         self._run = uuid.uuid4().hex[:12]
 
     @property
@@ -113,7 +116,7 @@ class Plugin:
     def _emit(self, event: str, address: str | None, **fields: Any) -> None:
         """A state event (rare): a row with its fields as a dict."""
         if self._batch is not None:
-            self._batch.states.append((event, time.time(), next(self._numbers), address, fields))
+            self._batch.states.append((event, time.time(), self._number(), address, fields))
 
     # The per-message events: one append per field, in MESSAGE_FIELDS' order.
 
@@ -122,8 +125,8 @@ class Plugin:
         if self._batch is None:
             return
         ts, n, address, seq, message_id, size, group, producer, depth, size_bytes = self._enqueue
-        ts(time.time())
-        n(next(self._numbers))
+        ts(_now())
+        n(self._number())
         address(destination.address)
         seq(message.sequence)
         message_id(message.identity()[0])  # as read: the writer makes it text (message_id_text)
@@ -138,8 +141,8 @@ class Plugin:
         if self._batch is None:
             return
         ts, n, address, seq, size, group, consumer_id, delivery_count = self._deliver
-        ts(time.time())
-        n(next(self._numbers))
+        ts(_now())
+        n(self._number())
         address(destination.address)
         seq(message.sequence)
         size(message.size)
@@ -154,8 +157,8 @@ class Plugin:
         if self._batch is None:
             return
         ts, n, address, seq, size, group, consumer_id, outcome, condition, depth, size_bytes = self._settle
-        ts(time.time())
-        n(next(self._numbers))
+        ts(_now())
+        n(self._number())
         address(destination.address)
         seq(message.sequence)
         size(message.size)
@@ -171,8 +174,8 @@ class Plugin:
         if self._batch is None:
             return
         ts, n, address, seq, size, producer_id, outcome, condition = self._transfer_settled
-        ts(time.time())
-        n(next(self._numbers))
+        ts(_now())
+        n(self._number())
         address(message.address)
         seq(message.sequence)
         size(message.size)

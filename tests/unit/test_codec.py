@@ -170,6 +170,8 @@ def test_the_walker_agrees_with_protons_decode_on_random_messages() -> None:
         decoded.decode(data)
         message_id, group = codec.identity(data)
         assert message_id == decoded.id and group == decoded.group_id
+        # Started where the expiry walk found the properties: the same answer.
+        assert codec.identity(data, codec.expiry_and_properties(data, 0.0)[1]) == (message_id, group)
         assert codec.to_address(data) == decoded.address
         expiries = [1000.0 + decoded.ttl] if decoded.ttl else []
         expiries += [decoded.expiry_time] if decoded.expiry_time else []
