@@ -97,6 +97,12 @@ def _positive_int(value: Any, key: str) -> int:
     return value
 
 
+def _niceness(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
+        raise ConfigError(key, value, "must be a niceness from 0 (as the router) to 19 (lowest priority)")
+    return value
+
+
 def _percent(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
         raise ConfigError(key, value, "must be a percentage from 0 to 100")
@@ -374,6 +380,7 @@ class RouterConfig:
     events_format: str = "jsonl"
     events_max_bytes: int = 100 * 1024 * 1024
     events_backups: int = 5
+    events_writer_nice: int = 10
     default_flow_stop_threshold: int = 80
     default_flow_resume_threshold: int = 70
     memory_limit: int = 0
@@ -511,6 +518,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "events_format": _events_format,
     "events_max_bytes": parse_size,
     "events_backups": _non_negative_int,
+    "events_writer_nice": _niceness,
     "default_flow_stop_threshold": _percent,
     "default_flow_resume_threshold": _percent,
     "memory_limit": parse_size,

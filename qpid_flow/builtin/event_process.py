@@ -7,7 +7,10 @@ process it runs beside the router instead, on another core. The router's writer 
 (:class:`~qpid_flow.builtin.event_writers.WriterThread`) only pickles each batch (about
 0.5 us a message) and writes it to the child's standard input: :class:`ProcessSink`.
 
-The child (``python -m qpid_flow.builtin.event_process FORMAT PATH RUN MAX_BYTES BACKUPS``)
+The child (``python -m qpid_flow.builtin.event_process FORMAT PATH RUN MAX_BYTES BACKUPS
+NICE``) runs at a lower CPU priority (``events_writer_nice``, 10 by default): on a busy
+machine the clients' traffic through the router comes first, and the writer catches up in
+the gaps, with the pipe and the writer thread's queue (64 batches) to absorb the lag. It
 reads length-prefixed batches and hands them to the real sink (``JsonLinesSink`` or
 ``SegmentSink``). Its standard input closing is its only way to stop: the router closes it
 at shutdown, and the kernel closes it when the router dies, even by kill -9; either way the
@@ -58,8 +61,8 @@ class ProcessSink:
     Called on the writer thread only, like any sink: a slow child blocks that thread (and
     then the writer's queue drops batches), never the reactor."""
 
-    def __init__(self, format_: str, path: Path, run: str, max_bytes: int, backups: int) -> None:
-        self._args = [format_, str(path), run, str(max_bytes), str(backups)]
+    def __init__(self, format_: str, path: Path, run: str, max_bytes: int, backups: int, nice: int = 0) -> None:
+        self._args = [format_, str(path), run, str(max_bytes), str(backups), str(nice)]
         self._child: subprocess.Popen[bytes] | None = None
         self._next_start = 0.0  # a writer that cannot start is tried again after RESTART_BACKOFF
         self._start()
@@ -150,7 +153,8 @@ def main(argv: list[str]) -> int:
     from qpid_flow.logs import configure_logging
 
     configure_logging()
-    format_, path, run, max_bytes, backups = argv
+    format_, path, run, max_bytes, backups, nice = argv
+    os.nice(int(nice))  # background work: under full load the router's traffic comes first
     try:
         sink = _open_sink(format_, Path(path), run, int(max_bytes), int(backups))
     except Exception as exc:  # reported to the router, which refuses to start with it

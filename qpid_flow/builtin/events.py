@@ -76,7 +76,14 @@ class Plugin:
         self._config = config
         path = Path(config.events)
         try:
-            sink = ProcessSink(config.events_format, path, self._run, config.events_max_bytes, config.events_backups)
+            sink = ProcessSink(
+                config.events_format,
+                path,
+                self._run,
+                config.events_max_bytes,
+                config.events_backups,
+                config.events_writer_nice,
+            )
         except EventLogUnavailable as exc:
             raise ConfigError("events", config.events, str(exc)) from None
         self._writer = WriterThread(sink)

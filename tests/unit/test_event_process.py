@@ -128,3 +128,20 @@ def test_interrupts_sent_to_the_process_group_do_not_stop_the_child(tmp_path: Pa
     sink.write(Batch.of(_rows(1, 10)))
     sink.close()
     assert len(_written("jsonl", path)) == 20
+
+
+def test_the_child_runs_at_the_configured_lower_priority(tmp_path: Path) -> None:
+    sink = ProcessSink("jsonl", tmp_path / "events.jsonl", "r", 0, 0, nice=7)
+    assert sink._child is not None
+    child_nice = int(Path(f"/proc/{sink._child.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    sink.close()
+    assert child_nice == min(os.getpriority(os.PRIO_PROCESS, 0) + 7, 19)
+
+
+def test_the_writer_niceness_is_checked_at_start() -> None:
+    from qpid_flow.config import ConfigError, load_config
+
+    assert load_config(None, {}, {}).events_writer_nice == 10
+    assert load_config(None, {"events_writer_nice": 0}, {}).events_writer_nice == 0
+    with pytest.raises(ConfigError, match="events_writer_nice = 20: must be a niceness from 0"):
+        load_config(None, {"events_writer_nice": 20}, {})
