@@ -1,9 +1,11 @@
 """Where the event log's records go: a writer thread, and a file format behind it.
 
-The reactor only appends a tuple per event (see ``builtin/events.py``) and, every flush
-interval, hands the batch to :class:`WriterThread`. Everything that costs (formatting
-JSON, building Arrow columns, compressing, system calls) happens on that thread, and
-the reactor never waits for it: a full queue drops the batch and counts it.
+The reactor only appends each event's fields (see ``builtin/events.py``) and, every flush
+interval, hands the batch to :class:`WriterThread`, which the reactor never waits for: a
+full queue drops the batch and counts it. In the router the thread's sink is
+``event_process.ProcessSink``, which passes each batch to a child process; the child
+runs the sinks below, so everything that costs (formatting JSON, building Arrow columns,
+compressing, system calls) happens outside the router's process.
 
 The reactor fills a :class:`Batch`: per-message events column by column, the rare state
 events as rows ``(event, ts, n, address, fields)``. A row of a per-message event is
