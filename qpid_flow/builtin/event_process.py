@@ -105,8 +105,10 @@ class ProcessSink:
         assert self._child is not None
         _send(self._child.stdin, data)
 
-    def close(self, timeout: float = 120.0) -> None:
-        """Close the child's input and wait for it to finish its files."""
+    def close(self, timeout: float = 25.0) -> None:
+        """Close the child's input and wait for it to finish its files; after ``timeout``
+        (within the writer thread's 30 s at exit) kill it: what it wrote stays readable,
+        and the next start converts an unfinished segment."""
         child, self._child = self._child, None
         if child is None:
             return
