@@ -58,6 +58,23 @@ def test_a_missing_events_file_is_one_line_and_exit_code_2(tmp_path: Path) -> No
     ]
 
 
+def test_tables_are_put_in_order_as_spark_orders_them() -> None:
+    import pyarrow as pa
+
+    from qpid_flow.analytics.report import _in_order
+
+    table = pa.table(
+        {
+            "address": ["b", None, "a", "b", "\u00e9", "a"],
+            "start": [2.0, 5.0, float("nan"), 1.0, 0.0, 3.0],
+            "row": [0, 1, 2, 3, 4, 5],
+        }
+    )
+    # Ascending, nulls first, NaN after every number, strings by code point.
+    assert _in_order(table, ["address", "start"]).column("row").to_pylist() == [1, 5, 2, 3, 0, 4]
+    assert _in_order(table.slice(0, 0), ["address"]).num_rows == 0
+
+
 def test_serving_never_imports_pyspark() -> None:
     code = "import sys, qpid_flow.cli, qpid_flow.server; print('pyspark' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
