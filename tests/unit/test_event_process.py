@@ -107,7 +107,10 @@ def test_a_child_that_dies_is_replaced_and_nothing_it_wrote_is_lost(tmp_path: Pa
     sink.write(Batch.of(_rows(1, 30)))
     first = sink._child
     assert first is not None
-    time.sleep(0.5)  # let it write the batch before it dies (a kill loses only what was in flight)
+    deadline = time.monotonic() + 30  # it wrote the batch before it dies (a kill loses only what is in flight)
+    while len(read_rows(sorted(path.glob("events-*.arrows")))) < 60:
+        assert time.monotonic() < deadline, "the first child never wrote its batch"
+        time.sleep(0.05)
     first.kill()
     first.wait(10)
     sink.write(Batch.of(_rows(31, 30)))  # noticed here: a new child, which converts the dead one's stream
