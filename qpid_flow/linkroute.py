@@ -683,6 +683,10 @@ class BrokerRouter(Router):
         """Send an admitted transfer on its producer's upstream link (see _Backend)."""
         route = self._producer_routes.get(message.producer_id)  # type: ignore[arg-type]
         if route is None:
+            # Its upstream is gone (the broker connection ended; the client's is about to
+            # be closed or dropped): no outcome, as the broker's loss would give none
+            # directly, so that the client resends it. Released would be taken as final.
+            message.origin = None
             done(message, Settlement.released())
             return
         sender = route.upstream

@@ -340,6 +340,34 @@ def test_a_broker_lost_closes_its_clients_with_forced(rig: Rig) -> None:
     assert client.remote_condition.name == "amqp:connection:forced"
 
 
+def test_transfers_sent_while_the_broker_s_loss_is_checked_get_no_outcome(rig: Rig) -> None:
+    """Between the broker connection's end and the client's close (while a connect tells
+    whether the broker is gone), the client still has credit and may send. Directly, the
+    broker's loss would leave such transfers unsettled (the client resends them after its
+    reconnect); through qpid-flow too, not released (a client takes released as final)."""
+    answers: list[Callable[[bool], None]] = []
+    rig.router.probe = lambda broker, on_result: answers.append(on_result)
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(10)
+    rig.pump()
+    before = send(sender, encoded(1), "t1")
+    rig.pump()
+    pair.broker.transport.close_head()
+    pair.broker.transport.close_tail()
+    rig.pump()
+    assert answers, "the broker's loss is being checked"
+    during = send(sender, encoded(2), "t2")
+    rig.pump()
+    assert not before.settled and not during.settled
+    assert before.remote_state == 0 and during.remote_state == 0, "no outcome for either"
+    answers[0](False)
+    rig.pump()
+    assert pair.client.connection.remote_condition.name == "amqp:connection:forced"
+    assert not during.settled
+
+
 # --- sessions -----------------------------------------------------------------------------------
 
 
