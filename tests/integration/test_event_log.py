@@ -18,20 +18,24 @@ def _records(folder: Path) -> list[dict]:
     return read_rows(sorted(folder.glob("events-*.arrows")) + sorted(folder.glob("events-*.parquet")))
 
 
+def _traffic_on_disk(router, folder: Path, count: int = 200) -> None:
+    """``count`` messages through ``router``: enqueue, transfer_settled, deliver and settle
+    each. Returns once the writer has them all on disk (a flush every 0.5 s)."""
+    run_all(Producer(router.url, "crash", [make_message("p", i) for i in range(count)]))
+    run_all(Consumer(router.url, "crash", count=count))
+    deadline = time.monotonic() + 30
+    while sum(r["event"] == "settle" for r in _records(folder)) < count:
+        assert time.monotonic() < deadline, "the events never reached the open segment"
+        time.sleep(0.2)
+
+
 def test_a_killed_router_leaves_a_readable_log_that_the_next_start_recovers(qpid_flow_process, tmp_path) -> None:
     folder = tmp_path / "segments"
     args = ["--events", str(folder), "--events-format", "parquet"]
     router = qpid_flow_process(extra_args=args)
-    run_all(Producer(router.url, "crash", [make_message("p", i) for i in range(200)]))
-    run_all(Consumer(router.url, "crash", count=200))
-    # 200 messages: enqueue, transfer_settled, deliver, settle each. Wait until the writer
-    # has them on disk (a flush every 0.5 s), then kill without a chance to finish.
-    deadline = time.monotonic() + 30
-    while sum(r["event"] == "settle" for r in _records(folder)) < 200:
-        assert time.monotonic() < deadline, "the events never reached the open segment"
-        time.sleep(0.2)
-    # The whole process group at once, router and its writer, as a power cut would (the
-    # router alone: the next test).
+    _traffic_on_disk(router, folder)
+    # Then kill without a chance to finish: the whole process group at once, router and its
+    # writer, as a power cut would (the router alone: the next test).
     os.killpg(router.pid, signal.SIGKILL)
     router.stop()
     (stream,) = folder.glob("events-*.arrows")
@@ -65,12 +69,7 @@ def test_a_killed_router_s_writer_finishes_what_it_was_sent(qpid_flow_process, t
     had and finishes the segment, so the log is complete and needs no recovery."""
     folder = tmp_path / "segments"
     router = qpid_flow_process(extra_args=["--events", str(folder), "--events-format", "parquet"])
-    run_all(Producer(router.url, "crash", [make_message("p", i) for i in range(200)]))
-    run_all(Consumer(router.url, "crash", count=200))
-    deadline = time.monotonic() + 30
-    while sum(r["event"] == "settle" for r in _records(folder)) < 200:
-        assert time.monotonic() < deadline, "the events never reached the open segment"
-        time.sleep(0.2)
+    _traffic_on_disk(router, folder)
     (writer,) = _children(router.pid)
     os.kill(router.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
