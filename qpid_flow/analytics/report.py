@@ -605,6 +605,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", metavar="URL", help="Spark master (default: local[*], tuned for small machines)")
     parser.add_argument("--driver-memory", default="2g", metavar="SIZE", help="local mode driver memory (default 2g)")
     parser.add_argument("--max-plots", type=int, default=12, metavar="N", help="destinations plotted (default 12)")
+    parser.add_argument(
+        "--no-class-archive",
+        action="store_true",
+        help="neither map nor record the JVM's class archive in ~/.cache/qpid-flow (docs/report.md)",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -627,10 +632,12 @@ def run_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from qpid_flow.analytics.session import build_session
+    from qpid_flow.analytics.class_archive import class_archive
+    from qpid_flow.analytics.session import build_session, under_spark_submit
 
+    archive = None if args.no_class_archive or under_spark_submit() else class_archive()
     try:
-        spark = build_session(args.master, args.driver_memory)
+        spark = build_session(args.master, args.driver_memory, archive)
         try:
             result = run_report(spark, inputs, Path(args.out), args.max_plots)
         finally:
@@ -645,7 +652,17 @@ def run_command(args: argparse.Namespace) -> int:
         f"{violations} group violation(s), {result.seconds:.1f} s -> {Path(args.out) / 'index.html'}",
         file=sys.stderr,
     )
+    if archive is not None and archive.recording:
+        _record_class_archive(archive)
     return 0
+
+
+def _record_class_archive(archive: Any) -> None:
+    from pyspark import SparkContext
+
+    print(f"report: recording the JVM's classes in {archive.path} for faster starts (once)", file=sys.stderr)
+    if not archive.finish(SparkContext._gateway):
+        print("report: the class archive was not recorded; the next report will try again", file=sys.stderr)
 
 
 def _java_home() -> bool:

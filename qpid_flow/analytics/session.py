@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qpid_flow.analytics.class_archive import ClassArchive
 
 APP_NAME = "qpid-flow-report"
 
@@ -37,15 +41,17 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def local_settings(scratch: Path, driver_memory: str) -> dict[str, str]:
-    """The settings of the local session (documented in docs/report.md)."""
+def local_settings(scratch: Path, driver_memory: str, java_options: Sequence[str] = ()) -> dict[str, str]:
+    """The settings of the local session (documented in docs/report.md); ``java_options``
+    go to the JVM after ours."""
     log4j2 = scratch / "log4j2.properties"
     log4j2.write_text(_LOG4J2)
-    java_options = " ".join(
+    every_java_option = " ".join(
         [
             "-XX:+UseParallelGC",  # ~8 % faster than G1 for these short batch jobs
             f"-Djava.io.tmpdir={scratch}",
             f"-Dlog4j2.configurationFile={log4j2}",
+            *java_options,
         ]
     )
     return {
@@ -64,16 +70,19 @@ def local_settings(scratch: Path, driver_memory: str) -> dict[str, str]:
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.local.dir": str(scratch),
-        "spark.driver.extraJavaOptions": java_options,
+        "spark.driver.extraJavaOptions": every_java_option,
     }
 
 
-def build_session(master: str | None = None, driver_memory: str = "2g") -> Any:
+def build_session(master: str | None = None, driver_memory: str = "2g", archive: ClassArchive | None = None) -> Any:
     """A SparkSession for a report.
 
     - under spark-submit: spark-submit's session, as configured there;
     - ``master`` given: that master, with only the UI and logging quietened;
     - otherwise: ``local[*]`` with :func:`local_settings`.
+
+    ``archive``: the class archive the driver's JVM maps or records (any master but
+    spark-submit's, which starts the JVM itself); see :mod:`qpid_flow.analytics.class_archive`.
     """
     from pyspark.sql import SparkSession
 
@@ -85,7 +94,7 @@ def build_session(master: str | None = None, driver_memory: str = "2g") -> Any:
         # the loopback interface. Must be set before the JVM starts.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         scratch = Path(tempfile.mkdtemp(prefix="qpid-flow-spark-"))
-        settings = local_settings(scratch, driver_memory)
+        settings = local_settings(scratch, driver_memory, archive.java_options() if archive else ())
         if master and not master.startswith("local"):
             # A cluster: its own network and memory settings apply; keep ours for logging.
             settings = {

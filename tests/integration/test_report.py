@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -81,7 +82,8 @@ def test_the_report_of_a_real_run_matches_stat_and_finds_no_group_violation(
 
     out = tmp_path / "report"
     result = subprocess.run(
-        [sys.executable, "-m", "qpid_flow", "report", str(events.parent), "--out", str(out)],
+        # The class archive has a test of its own (below); this one leaves the user's cache be.
+        [sys.executable, "-m", "qpid_flow", "report", str(events.parent), "--out", str(out), "--no-class-archive"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -116,3 +118,46 @@ def test_the_report_of_a_real_run_matches_stat_and_finds_no_group_violation(
     assert int(advice[flowed]["advised_stop_count"]) == 1000 - 100 * peak
     page = (out / "index.html").read_text()
     assert "No violation" in page and 'src="plots/depth-' in page
+
+
+def _report(logs: Path, out: Path, cache: Path) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "qpid_flow", "report", str(logs), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def _tables(out: Path) -> dict[str, str]:
+    return {part.parent.name: part.read_text() for part in sorted((out / "csv").glob("*/*.csv"))}
+
+
+def test_the_first_report_records_the_class_archive_and_the_next_ones_map_it(tmp_path: Path) -> None:
+    """Same tables every time: recording, mapping, and with a damaged archive (the JVM
+    refuses it and loads classes as usual, with no word of it on the terminal)."""
+    from qpid_flow.analytics.synthetic import generate
+
+    logs, cache = tmp_path / "logs", tmp_path / "cache"
+    generate(logs, runs=2, messages=500, inject_order=2, inject_overlap=1)
+
+    first = _report(logs, tmp_path / "first", cache)
+    assert "recording the JVM's classes" in first.stderr
+    (archive,) = (cache / "qpid-flow").glob("spark-classes-*.jsa")
+    assert archive.stat().st_size > 10_000_000, "the archive holds Spark's classes"
+    assert not list((cache / "qpid-flow").glob("*.partial"))
+
+    second = _report(logs, tmp_path / "second", cache)
+    assert "recording" not in second.stderr
+    assert _tables(tmp_path / "second") == _tables(tmp_path / "first")
+
+    archive.chmod(0o600)
+    archive.write_bytes(b"not an archive" * 1000)
+    damaged = _report(logs, tmp_path / "damaged", cache)
+    assert "recording" not in damaged.stderr
+    said = (damaged.stderr + damaged.stdout).lower()
+    assert "[cds" not in said and "shared archive" not in said
+    assert _tables(tmp_path / "damaged") == _tables(tmp_path / "first")
