@@ -18,9 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qpid_flow.analytics.inputs import InputError, expand_inputs
+
+if TYPE_CHECKING:
+    from qpid_flow.analytics.class_archive import ClassArchive
 
 TITLE = "qpid-flow report"
 STEPS = [
@@ -626,15 +629,15 @@ def run_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if shutil.which("java") is None and not _java_home():
+    from qpid_flow.analytics.class_archive import class_archive, java_binary
+    from qpid_flow.analytics.session import build_session, under_spark_submit
+
+    if java_binary() is None:
         print(
             "qpid-flow report: no Java runtime found (Spark needs one): install openjdk-17-jre-headless",
             file=sys.stderr,
         )
         return 2
-    from qpid_flow.analytics.class_archive import class_archive
-    from qpid_flow.analytics.session import build_session, under_spark_submit
-
     archive = None if args.no_class_archive or under_spark_submit() else class_archive()
     try:
         spark = build_session(args.master, args.driver_memory, archive)
@@ -657,19 +660,12 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record_class_archive(archive: Any) -> None:
+def _record_class_archive(archive: ClassArchive) -> None:
     from pyspark import SparkContext
 
     print(f"report: recording the JVM's classes in {archive.path} for faster starts (once)", file=sys.stderr)
     if not archive.finish(SparkContext._gateway):
         print("report: the class archive was not recorded; the next report will try again", file=sys.stderr)
-
-
-def _java_home() -> bool:
-    import os
-
-    home = os.environ.get("JAVA_HOME")
-    return bool(home and Path(home, "bin", "java").exists())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

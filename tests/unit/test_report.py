@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,24 @@ def test_a_missing_events_file_is_one_line_and_exit_code_2(tmp_path: Path) -> No
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"qpid-flow report: EVENTS: {str(tmp_path / 'none.jsonl')!r} does not exist"
+    ]
+
+
+def test_no_java_runtime_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    environment = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    environment["PATH"] = str(tmp_path)  # no java on it
+    result = subprocess.run(
+        [sys.executable, "-m", "qpid_flow", "report", str(events), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "qpid-flow report: no Java runtime found (Spark needs one): install openjdk-17-jre-headless"
     ]
 
 
