@@ -7,7 +7,7 @@ machine records them when its JVM exits (``-XX:ArchiveClassesAtExit``: the JVM e
 its stdin closes, so the command closes it and waits, then moves the finished file into
 place); every later report maps that file (``-XX:SharedArchiveFile``). Measured on 2
 cores: a session starts in 3.9 s instead of 7.4 s and its first query runs in 2.2 s
-instead of 3.8 s; recording takes 12-17 s, once (docs/report.md).
+instead of 3.8 s; recording takes 12-21 s, once (docs/report.md).
 
 The archive is only valid for the JVM build and the class path that wrote it, so its file
 name is a digest of both: another Java or another Spark gets an archive of its own. A
@@ -28,7 +28,7 @@ from typing import Any
 # HotSpot's CDS log: a refused archive or an unsupported class would print warnings on
 # the report's terminal, before and after the report's own lines.
 _QUIET = "-Xlog:cds=off,cds+dynamic=off"
-# How long the first report waits for its JVM to write the archive (measured 12-17 s).
+# How long the first report waits for its JVM to write the archive (measured 12-21 s).
 _RECORD_TIMEOUT_S = 120.0
 
 
