@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,14 +100,11 @@ class ClassArchive:
         return False
 
 
-def class_archive(folder: Path | None = None) -> ClassArchive | None:
-    """The archive for the ``java`` and the PySpark found here: mapped when it exists,
-    recorded otherwise. None when there is no ``java`` or no writable ``folder``."""
+def class_archive(java: Path, folder: Path | None = None) -> ClassArchive | None:
+    """The archive for ``java`` (:func:`java_binary`) and the PySpark found here: mapped
+    when it exists, recorded otherwise. None when ``folder`` cannot be written."""
     import pyspark
 
-    java = java_binary()
-    if java is None:
-        return None
     folder = folder if folder is not None else default_folder()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -124,8 +122,6 @@ def class_archive(folder: Path | None = None) -> ClassArchive | None:
 def _forget_abandoned(folder: Path) -> None:
     # A recording cut short (the report killed) leaves its partial file; one older than
     # any recording can take is abandoned.
-    import time
-
     for partial in folder.glob("spark-classes-*.partial"):
         try:
             if time.time() - partial.stat().st_mtime > 2 * _RECORD_TIMEOUT_S:

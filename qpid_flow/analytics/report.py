@@ -632,13 +632,14 @@ def run_command(args: argparse.Namespace) -> int:
     from qpid_flow.analytics.class_archive import class_archive, java_binary
     from qpid_flow.analytics.session import build_session, under_spark_submit
 
-    if java_binary() is None:
+    java = java_binary()
+    if java is None:
         print(
             "qpid-flow report: no Java runtime found (Spark needs one): install openjdk-17-jre-headless",
             file=sys.stderr,
         )
         return 2
-    archive = None if args.no_class_archive or under_spark_submit() else class_archive()
+    archive = None if args.no_class_archive or under_spark_submit() else class_archive(java)
     try:
         spark = build_session(args.master, args.driver_memory, archive)
         try:

@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from qpid_flow.analytics import class_archive as archives
 from qpid_flow.analytics.class_archive import ClassArchive, archive_name, class_archive
 
 
@@ -42,29 +41,25 @@ def test_the_name_changes_with_the_jvm_build_and_with_the_jars(tmp_path: Path) -
     assert archive_name(java, jars) != upgraded
 
 
-def test_an_archive_is_recorded_when_absent_and_mapped_once_there(tmp_path: Path, monkeypatch) -> None:
+def test_an_archive_is_recorded_when_absent_and_mapped_once_there(tmp_path: Path) -> None:
     java, _ = _java_and_jars(tmp_path)
-    monkeypatch.setattr(archives, "java_binary", lambda: java)
     folder = tmp_path / "cache"
-    first = class_archive(folder)
+    first = class_archive(java, folder)
     assert first is not None and first.recording
     assert first.java_options()[0] == f"-XX:ArchiveClassesAtExit={first.partial}"
     first.path.write_bytes(b"archive")
-    second = class_archive(folder)
+    second = class_archive(java, folder)
     assert second == ClassArchive(first.path, recording=False)
     assert second.java_options()[0] == f"-XX:SharedArchiveFile={first.path}"
     # HotSpot's CDS warnings would land on the report's terminal.
     assert all(any(o.startswith("-Xlog:cds=off") for o in a.java_options()) for a in (first, second))
 
 
-def test_no_java_or_an_unwritable_folder_means_no_archive(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(archives, "java_binary", lambda: None)
-    assert class_archive(tmp_path) is None
+def test_an_unwritable_folder_means_no_archive(tmp_path: Path) -> None:
     java, _ = _java_and_jars(tmp_path)
-    monkeypatch.setattr(archives, "java_binary", lambda: java)
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    assert class_archive(blocked / "cache") is None
+    assert class_archive(java, blocked / "cache") is None
 
 
 def _jvm_like(partial: Path, code: int = 0) -> subprocess.Popen[bytes]:
@@ -102,14 +97,13 @@ def test_mapping_an_archive_records_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("age_s", "kept"), [(10.0, True), (3600.0, False)])
-def test_a_partial_file_older_than_any_recording_is_removed(tmp_path: Path, monkeypatch, age_s, kept) -> None:
+def test_a_partial_file_older_than_any_recording_is_removed(tmp_path: Path, age_s, kept) -> None:
     java, _ = _java_and_jars(tmp_path)
-    monkeypatch.setattr(archives, "java_binary", lambda: java)
     folder = tmp_path / "cache"
     folder.mkdir()
     partial = folder / "spark-classes-0123456789abcdef.jsa.4242.partial"
     partial.write_bytes(b"cut short")
     then = time.time() - age_s
     os.utime(partial, (then, then))
-    assert class_archive(folder) is not None
+    assert class_archive(java, folder) is not None
     assert partial.exists() == kept
