@@ -77,6 +77,25 @@ def test_no_java_runtime_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     ]
 
 
+def test_the_jit_options_are_ones_this_java_accepts_and_the_session_passes_them(tmp_path: Path) -> None:
+    # A misspelt or withdrawn -XX option makes HotSpot refuse to start: every report would fail.
+    from qpid_flow.analytics.class_archive import java_binary
+    from qpid_flow.analytics.session import JIT_OPTIONS, local_settings
+
+    java = java_binary()
+    assert java is not None
+    result = subprocess.run(
+        [java, *JIT_OPTIONS, "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    final = {line.split()[1]: line.split()[3] for line in result.stdout.splitlines() if line.count("=") == 1}
+    for option in JIT_OPTIONS:
+        name, value = option.removeprefix("-XX:").split("=")
+        assert final[name] == value
+    passed = local_settings(tmp_path, "2g")["spark.driver.extraJavaOptions"].split()
+    assert all(option in passed for option in JIT_OPTIONS)
+
+
 def test_tables_are_put_in_order_as_spark_orders_them() -> None:
     import pyarrow as pa
 
