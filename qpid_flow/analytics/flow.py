@@ -110,14 +110,16 @@ def _thresholds_in_force(events: DataFrame, control: DataFrame | None = None) ->
         & (F.col("r_to").isNull() | (order < F.col("r_to")))
     )
     return with_depth.join(F.broadcast(ranges), inside, "left").select(
-        "run", "address", "event", "depth", "bytes", "size", "stop_count", "stop_size"
+        "run", "address", "event", "ts", "depth", "bytes", "size", "stop_count", "stop_size"
     )
 
 
 def destination_levels(events: DataFrame, control: DataFrame | None = None) -> DataFrame:
     """Per destination, in one pass over the depth-carrying events: peak depth and bytes,
-    overshoot above the stop threshold in force, the largest stop thresholds, and the
-    enqueued messages (count, runs, largest size). ``control``: :func:`control_events`."""
+    overshoot above the stop threshold in force, the largest stop thresholds, the
+    enqueued messages (count, runs, largest size), and the time span of the events that
+    carry a depth (``depth_t0``, ``depth_t1``: the axis of its depth plot, see
+    :func:`depth_series`). ``control``: :func:`control_events`."""
     levels = _thresholds_in_force(events, control)
     over_count = F.when(F.col("stop_count") > 0, F.col("depth") - F.col("stop_count"))
     over_size = F.when(F.col("stop_size") > 0, F.col("bytes") - F.col("stop_size"))
@@ -133,6 +135,8 @@ def destination_levels(events: DataFrame, control: DataFrame | None = None) -> D
         F.count(F.when(enqueue, F.lit(1))).alias("enqueued"),
         F.countDistinct(F.when(enqueue, F.col("run"))).alias("runs"),
         F.max(F.when(enqueue, F.col("size"))).alias("largest_message"),
+        F.min(F.when(F.col("depth").isNotNull(), F.col("ts"))).alias("depth_t0"),
+        F.max(F.when(F.col("depth").isNotNull(), F.col("ts"))).alias("depth_t1"),
     )
 
 
@@ -166,16 +170,29 @@ def flow_by_destination(events: DataFrame, periods: DataFrame, levels: DataFrame
     )
 
 
-def depth_series(events: DataFrame, addresses: list[str], points: int = 1200) -> list[Any]:
-    """Depth over time of ``addresses`` for plotting: at most ``points`` buckets per
-    destination, each with the highest depth in it (peaks must survive the thinning)."""
-    depths = events.where(F.col("address").isin(addresses) & F.col("depth").isNotNull())
-    span = depths.groupBy("address").agg(F.min("ts").alias("t0"), F.max("ts").alias("t1"))
-    width = F.greatest((F.col("t1") - F.col("t0")) / points, F.lit(1e-3))
-    # One row per plotted destination: broadcast (a shuffle of every depth otherwise).
-    bucketed = depths.join(F.broadcast(span), "address").withColumn(
-        "bucket", F.floor((F.col("ts") - F.col("t0")) / width).cast("long")
-    )
+def depth_spans(levels: DataFrame) -> dict[str, tuple[float, float]]:
+    """The time span of each destination's depth-carrying events, from
+    :func:`destination_levels` (kept: no pass over the events)."""
+    rows = levels.where(F.col("address").isNotNull() & F.col("depth_t0").isNotNull()).collect()
+    return {row["address"]: (row["depth_t0"], row["depth_t1"]) for row in rows}
+
+
+def depth_series(events: DataFrame, spans: dict[str, tuple[float, float]], points: int = 1200) -> list[Any]:
+    """Depth over time of the destinations of ``spans`` (:func:`depth_spans`) for plotting:
+    at most ``points`` buckets per destination over its span, each with the highest depth
+    in it (peaks must survive the thinning)."""
+    if not spans:
+        return []
+    # Each destination's start and bucket width as literals: one pass over the events,
+    # none to find the spans.
+    t0 = F.lit(None).cast("double")
+    width = F.lit(None).cast("double")
+    for address, (start, end) in spans.items():
+        is_it = F.col("address") == F.lit(address)
+        t0 = F.when(is_it, F.lit(start)).otherwise(t0)
+        width = F.when(is_it, F.lit(max((end - start) / points, 1e-3))).otherwise(width)
+    depths = events.where(F.col("address").isin(list(spans)) & F.col("depth").isNotNull())
+    bucketed = depths.withColumn("bucket", F.floor((F.col("ts") - t0) / width).cast("long"))
     return (
         bucketed.groupBy("address", "run", "bucket")
         .agg(F.min("ts").alias("ts"), F.max("depth").alias("depth"), F.max("bytes").alias("bytes"))

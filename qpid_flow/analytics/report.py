@@ -305,9 +305,10 @@ def _small_frame(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> Any:
 
 
 def _depth_series(
-    events: Any, flow_rows: list[dict[str, Any]], max_plots: int
+    events: Any, flow_rows: list[dict[str, Any]], spans: dict[str, tuple[float, float]], max_plots: int
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[tuple[float, int]]]]]:
-    """The destinations plotted (most flow stops, then deepest) and their depth series."""
+    """The destinations plotted (most flow stops, then deepest) and their depth series.
+    ``spans``: :func:`.flow.depth_spans`."""
     from qpid_flow.analytics.flow import depth_series
 
     ranked = sorted(flow_rows, key=lambda r: (-r["flowStoppedCount"], -r["peak_depth"], r["address"]))[:max_plots]
@@ -315,7 +316,7 @@ def _depth_series(
     if not chosen:
         return [], {}
     series: dict[str, dict[str, list[tuple[float, int]]]] = {a: {} for a in chosen}
-    for row in depth_series(events, chosen):
+    for row in depth_series(events, {a: spans[a] for a in chosen if a in spans}):
         series[row["address"]].setdefault(row["run"], []).append((row["ts"], row["depth"]))
     return ranked, series
 
@@ -414,7 +415,7 @@ def _run_report(
         # Each message's events in order, for the latency and the audit (one shuffle).
         moves = messages.message_moves(events, audit.grouped_destinations(control, assigned)).persist()
 
-        def flow_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
+        def flow_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any, dict[str, tuple[float, float]]]:
             periods = writer.save("flow_periods", flow.flow_periods(control, run_end), ["address", "start"])
             # Shared with the threshold advice (the largest message of each destination).
             early["ready"].result()
@@ -423,7 +424,8 @@ def _run_report(
                 flow.flow_by_destination(events, writer.frame("flow_periods"), levels),
                 ["address"],
             )
-            return periods, rows, levels
+            # The depth plots' time axes, before the advice lets the levels go.
+            return periods, rows, levels, flow.depth_spans(levels)
 
         def latency_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             latencies = latency.message_latencies(events, moves)
@@ -450,7 +452,7 @@ def _run_report(
             return summary, order, overlap
 
         def advice_section() -> list[dict[str, Any]]:
-            _, _, levels = flow_done.result()
+            _, _, levels, _ = flow_done.result()
             rows = writer.save(
                 "threshold_advice",
                 advice.threshold_advice(control, writer.frame("flow_by_destination"), levels),
@@ -460,8 +462,8 @@ def _run_report(
             return rows
 
         def depth_section() -> tuple[list[dict[str, Any]], dict[str, dict[str, list[tuple[float, int]]]]]:
-            _, flow_rows, _ = flow_done.result()
-            return _depth_series(events, flow_rows, max_plots)
+            _, flow_rows, _, spans = flow_done.result()
+            return _depth_series(events, flow_rows, spans, max_plots)
 
         # The sections are independent Spark work (the advice and the depth series wait for
         # the flow tables): each runs in a thread of its own, so that one section's driver
@@ -476,7 +478,7 @@ def _run_report(
             audit_done = pool.submit(audit_section)
             advice_done = pool.submit(advice_section)
             depth_done = pool.submit(depth_section)
-            periods, result.flow, _ = flow_done.result()
+            periods, result.flow, _, _ = flow_done.result()
 
             progress.step("latency")
             result.latency, over_time = latency_done.result()
