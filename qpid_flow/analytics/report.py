@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qpid_flow.analytics.inputs import InputError, expand_inputs
 
@@ -136,6 +136,15 @@ class _Writer:
 
     def links(self, name: str) -> list[str]:
         return [f"csv/{name}/", f"parquet/{name}/"]
+
+
+class _FlowTables(NamedTuple):
+    """What the flow section gives the sections that wait for it."""
+
+    periods: list[dict[str, Any]]  # flow_periods, as saved
+    rows: list[dict[str, Any]]  # flow_by_destination, as saved
+    levels: Any  # flow.destination_levels (kept until the advice is done)
+    spans: dict[str, tuple[float, float]]  # flow.depth_spans: the depth plots' time axes
 
 
 def _sort_key(value: Any) -> tuple:
@@ -415,7 +424,7 @@ def _run_report(
         # Each message's events in order, for the latency and the audit (one shuffle).
         moves = messages.message_moves(events, audit.grouped_destinations(control, assigned)).persist()
 
-        def flow_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any, dict[str, tuple[float, float]]]:
+        def flow_section() -> _FlowTables:
             periods = writer.save("flow_periods", flow.flow_periods(control, run_end), ["address", "start"])
             # Shared with the threshold advice (the largest message of each destination).
             early["ready"].result()
@@ -425,7 +434,7 @@ def _run_report(
                 ["address"],
             )
             # The depth plots' time axes, before the advice lets the levels go.
-            return periods, rows, levels, flow.depth_spans(levels)
+            return _FlowTables(periods, rows, levels, flow.depth_spans(levels))
 
         def latency_section() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             latencies = latency.message_latencies(events, moves)
@@ -452,7 +461,7 @@ def _run_report(
             return summary, order, overlap
 
         def advice_section() -> list[dict[str, Any]]:
-            _, _, levels, _ = flow_done.result()
+            levels = flow_done.result().levels
             rows = writer.save(
                 "threshold_advice",
                 advice.threshold_advice(control, writer.frame("flow_by_destination"), levels),
@@ -462,8 +471,8 @@ def _run_report(
             return rows
 
         def depth_section() -> tuple[list[dict[str, Any]], dict[str, dict[str, list[tuple[float, int]]]]]:
-            _, flow_rows, _, spans = flow_done.result()
-            return _depth_series(events, flow_rows, spans, max_plots)
+            tables = flow_done.result()
+            return _depth_series(events, tables.rows, tables.spans, max_plots)
 
         # The sections are independent Spark work (the advice and the depth series wait for
         # the flow tables): each runs in a thread of its own, so that one section's driver
@@ -478,7 +487,8 @@ def _run_report(
             audit_done = pool.submit(audit_section)
             advice_done = pool.submit(advice_section)
             depth_done = pool.submit(depth_section)
-            periods, result.flow, _, _ = flow_done.result()
+            flow_tables = flow_done.result()
+            periods, result.flow = flow_tables.periods, flow_tables.rows
 
             progress.step("latency")
             result.latency, over_time = latency_done.result()
