@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from qpid_flow.model import Consumer, Hold, Message, Outcome, Producer, Settlement
 from qpid_flow.queues import FifoQueue, MessageQueue
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from qpid_flow.manager import Hooks
     from qpid_flow.memory import MemoryMeter
 
-__all__ = ["Destination"]
+__all__ = ["Destination", "MirroredConsumer"]
 
 # How far past a message that must wait the dispatcher looks for others that can go.
 DEFAULT_LOOKAHEAD = 1000
@@ -35,6 +35,25 @@ PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator
 DELETED = Settlement(Outcome.REJECTED, "qpid-flow:deleted", "its destination was deleted")
 _NO_SELECTOR_MATCHES = Hold("no ready consumer's selector matches it")
 EXPIRED = Settlement(Outcome.REJECTED, "qpid-flow:expired", "its time to live ran out before it was delivered")
+
+
+class MirroredConsumer(Protocol):
+    """In front of a broker: a consumer whose link is mirrored to the broker's queue.
+
+    The broker hands it messages directly; they never enter the destination's queue, but
+    the broker no longer counts them ready until the client settles them."""
+
+    @property
+    def held(self) -> int:
+        """Messages the broker handed it and the client has not settled (waiting here for
+        the client's credit, or out to the client)."""
+        ...
+
+    @property
+    def broker_credit(self) -> int:
+        """Credit the broker has outstanding on its link: messages it may have sent that
+        have not arrived yet."""
+        ...
 
 
 class Destination:
@@ -86,7 +105,7 @@ class Destination:
         self.upstream_credit = 0
         # In front of a broker: consumers whose links are mirrored to the broker (they get
         # their messages from it directly, not from this destination's queue).
-        self.mirrored_consumers = 0
+        self.mirrored: set[MirroredConsumer] = set()
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
@@ -356,17 +375,20 @@ class Destination:
         """What the broker says it holds ready for this address (from a plugin).
 
         The broker's figure proves a lower bound: ready + what qpid-flow fetched and holds
-        unsettled + what it forwarded and the broker has not confirmed. Messages the
-        broker sent and qpid-flow has not received yet are in neither, so the depth may
-        exceed that bound by the credit the upstream receiver has outstanding. qpid-flow's
+        unsettled (for its own consumers, and for mirrored ones: RabbitMQ counts a message
+        out to a consumer as unacknowledged, not ready) + what it forwarded and the broker
+        has not confirmed. Messages the broker sent and qpid-flow has not received yet are
+        in neither, so the depth may exceed that bound by the credit the upstream links
+        have outstanding. qpid-flow's
         own count is kept when it lies within those bounds (it is exact for what passed
         through) and corrected to the nearest bound otherwise: a backlog left in the
         broker raises it, messages consumed elsewhere lower it. Bytes are estimated from
         the average size of the messages seen.
         """
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
+        fetched += sum(m.held for m in self.mirrored)
         lowest = max(0, ready) + fetched + self.in_flight
-        highest = lowest + self.upstream_credit
+        highest = lowest + self.upstream_credit + sum(max(m.broker_credit, 0) for m in self.mirrored)
         depth = min(max(self.depth, lowest), highest)
         if depth == self.depth:
             return
@@ -398,7 +420,7 @@ class Destination:
     @property
     def unused(self) -> bool:
         """Nothing refers to it any more: it can be forgotten."""
-        return not (self.consumers or self.producers or self.depth or self.mirrored_consumers or self.in_flight)
+        return not (self.consumers or self.producers or self.depth or self.mirrored or self.in_flight)
 
     def delete(self) -> int:
         """Drop every waiting message (the destination is going away); how many."""
@@ -425,7 +447,7 @@ class Destination:
             "ringDropped": self.ring_dropped,
             "expired": self.expired,
             "producers": len(self.producers),
-            "consumers": len(self.consumers) + self.mirrored_consumers,
+            "consumers": len(self.consumers) + len(self.mirrored),
             "maxCount": self.policy.max_count or 0,
             "maxSize": self.policy.max_size or 0,
             "limitPolicy": self.policy.policy,

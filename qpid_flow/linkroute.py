@@ -128,6 +128,16 @@ class _ConsumerRoute:
         self.draining = False
         self.delivered = 0  # messages sent to the client in all (qpid-flow stat links)
 
+    # What its destination reads of it (``MirroredConsumer``) when the broker's depth comes in.
+
+    @property
+    def held(self) -> int:
+        return len(self.pending) + len(self.sent)
+
+    @property
+    def broker_credit(self) -> int:
+        return int(pn_link_credit(self.upstream._impl))
+
 
 class _Backend:
     """The router's backend in broker mode: producers go out on their own upstream links;
@@ -548,7 +558,7 @@ class BrokerRouter(Router):
                     name=client.name,
                     connection_id=client.connection.qf_id,
                 )
-                route.destination.mirrored_consumers += 1
+                route.destination.mirrored.add(route)
             self._consumer_credit(route)
 
     def _end_pair(self, client: Link, upstream: Link, condition: Condition) -> None:
@@ -648,7 +658,7 @@ class BrokerRouter(Router):
 
     def _consumer_route_gone(self, route: _ConsumerRoute) -> None:
         if route.consumer is not None and route.destination is not None:
-            route.destination.mirrored_consumers -= 1
+            route.destination.mirrored.discard(route)
             route.consumer = None
         route.sent.clear()  # unsettled upstream: the broker gets them back on detach
         self._release_pending(route)

@@ -393,3 +393,53 @@ def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabb
         t.join(30)
     assert Counter(producer.outcomes.values()) == {"accepted": 20}
     assert len(consumer.received) == 970
+
+
+def test_messages_a_consumer_holds_unsettled_still_count_against_the_broker_backlog(
+    rabbitmq, qpid_flow_process
+) -> None:
+    """RabbitMQ reports a message out to a consumer as unacknowledged, not ready: the depth
+    (as Qpid counts it, acquired messages included) must not fall while a consumer of the
+    queue holds the backlog unsettled, and flow control must not resume on it."""
+    import pika
+
+    name = unique("held")
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq.url + "/%2F")) as connection:
+        channel = connection.channel()
+        channel.queue_declare(name)
+        for i in range(950):
+            channel.basic_publish("", name, f"old-{i}".encode())
+    admin = f"127.0.0.1:{free_port()}"
+    router = Router(
+        qpid_flow_process(
+            broker_url=rabbitmq.url,
+            config_text=seed_config(name) + '[plugins.rabbitmq_depth]\ninterval = "0.2s"\n',
+            extra_args=["--admin", admin],
+        ),
+        admin,
+    )
+    deadline = time.monotonic() + 15
+    while router.stat(name)["depth"] != 950 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert router.stat(name)["flowStopped"] is True
+    stop = threading.Event()
+    holder = Consumer(router.url, name, prefetch=1000, decide=lambda _m: "hold", stop=stop, timeout=60)
+    threads = start(holder)
+    deadline = time.monotonic() + 30
+    while len(holder.received) < 950 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(holder.received) == 950
+    time.sleep(1.0)  # five readings of the broker's depth, each 0 ready
+    record = router.stat(name)
+    assert (record["depth"], record["flowStopped"], record["flowStoppedCount"]) == (950, True, 1), record
+    stop.set()  # the consumer goes: its 950 go back to the broker, ready again
+    for t in threads:
+        t.join(30)
+    consumer = Consumer(router.url, name, count=950, prefetch=100, timeout=60)
+    run_all(consumer)
+    assert len(consumer.received) == 950
+    deadline = time.monotonic() + 10  # the last settlements reach the router after the client is done
+    while router.stat(name)["depth"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    record = router.stat(name)
+    assert (record["depth"], record["flowStopped"]) == (0, False), record

@@ -226,3 +226,57 @@ def test_selectors_route_messages_and_browsers_only_look(hooks: Hooks) -> None:
     dest.credit_changed(anyone, 10)
     assert [c for c, _ in wire.sent].count(anyone.id) == 2
     assert dest.depth == 3  # delivered, none settled: browsing took nothing away
+
+
+class Mirror:
+    """A consumer mirrored to the broker, as its destination sees it."""
+
+    def __init__(self, held: int = 0, broker_credit: int = 0) -> None:
+        self.held = held
+        self.broker_credit = broker_credit
+
+
+def counted_in(hooks: Hooks, count: int) -> Destination:
+    """A destination in front of a broker that saw ``count`` messages pass to it."""
+    dest = make(hooks)
+    for n in range(count):
+        dest.count_in(msg(n))
+    return dest
+
+
+def test_the_broker_backlog_raises_the_depth_to_what_the_broker_holds_ready(hooks: Hooks) -> None:
+    dest = counted_in(hooks, 10)
+    dest.set_broker_backlog(50_000)  # left in the queue by an earlier run
+    assert dest.depth == 50_000
+
+
+def test_the_broker_backlog_lowers_the_depth_when_messages_were_consumed_elsewhere(hooks: Hooks) -> None:
+    dest = counted_in(hooks, 900)
+    dest.set_broker_backlog(120)
+    assert dest.depth == 120
+
+
+def test_messages_out_to_mirrored_consumers_still_count_though_the_broker_no_longer_calls_them_ready(
+    hooks: Hooks,
+) -> None:
+    # RabbitMQ counts a message handed to a consumer as unacknowledged, not ready, and it
+    # sends beyond the credit it was given: 604 of 901 can sit in qpid-flow waiting for the
+    # client's credit or its settlement while the broker reports 0 ready.
+    dest = counted_in(hooks, 901)
+    for _ in range(297):
+        dest.count_out(msg(0))
+    dest.mirrored.add(Mirror(held=604))
+    dest.set_broker_backlog(0)
+    assert dest.depth == 604
+    dest.set_broker_backlog(10)  # ten more arrived in the broker from elsewhere
+    assert dest.depth == 614
+
+
+def test_credit_a_mirrored_consumer_gave_the_broker_bounds_the_depth_from_above(hooks: Hooks) -> None:
+    # What the broker sent on that credit may not have arrived yet: it is in neither count.
+    dest = counted_in(hooks, 100)
+    dest.mirrored.add(Mirror(held=20, broker_credit=30))
+    dest.set_broker_backlog(60)
+    assert dest.depth == 100  # within [60 + 20, 60 + 20 + 30]: qpid-flow's own count stands
+    dest.set_broker_backlog(0)
+    assert dest.depth == 50  # at most 0 ready + 20 held + 30 on their way
