@@ -379,11 +379,12 @@ class Destination:
         out to a consumer as unacknowledged, not ready) + what it forwarded and the broker
         has not confirmed. Messages the broker sent and qpid-flow has not received yet are
         in neither, so the depth may exceed that bound by the credit the upstream links
-        have outstanding. qpid-flow's
-        own count is kept when it lies within those bounds (it is exact for what passed
-        through) and corrected to the nearest bound otherwise: a backlog left in the
-        broker raises it, messages consumed elsewhere lower it. Bytes are estimated from
-        the average size of the messages seen.
+        have outstanding (RabbitMQ sends beyond credit: a reading taken while such a
+        burst is on its way lowers the depth by the excess, until the next reading).
+        qpid-flow's own count is kept when it lies within those bounds (it is exact for
+        what passed through) and corrected to the nearest bound otherwise: a backlog left
+        in the broker raises it, messages consumed elsewhere lower it. Bytes are estimated
+        from the average size of the messages seen.
         """
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
         fetched += sum(m.held for m in self.mirrored)
