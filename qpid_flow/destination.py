@@ -106,6 +106,8 @@ class Destination:
         # In front of a broker: consumers whose links are mirrored to the broker (they get
         # their messages from it directly, not from this destination's queue).
         self.mirrored: set[MirroredConsumer] = set()
+        # The last broker reading found the depth above what the broker could hold.
+        self._above_broker_bound = False
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
@@ -379,19 +381,26 @@ class Destination:
         out to a consumer as unacknowledged, not ready) + what it forwarded and the broker
         has not confirmed. Messages the broker sent and qpid-flow has not received yet are
         in neither, so the depth may exceed that bound by the credit the upstream links
-        have outstanding (RabbitMQ sends beyond credit: a reading taken while such a
-        burst is on its way lowers the depth by the excess, until the next reading).
+        have outstanding: that is the upper bound.
+
         qpid-flow's own count is kept when it lies within those bounds (it is exact for
-        what passed through) and corrected to the nearest bound otherwise: a backlog left
-        in the broker raises it, messages consumed elsewhere lower it. Bytes are estimated
-        from the average size of the messages seen.
+        what passed through). Below the lower bound it is raised at once: a backlog left in
+        the broker. Above the upper bound it is lowered (messages consumed elsewhere) only
+        when the reading before found it above too: RabbitMQ sends beyond the credit it was
+        given, so one reading can catch hundreds of messages on their way to a consumer,
+        in no count, and lowering on it would resume producers against a full queue.
+        Bytes are estimated from the average size of the messages seen.
         """
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
         fetched += sum(m.held for m in self.mirrored)
         lowest = max(0, ready) + fetched + self.in_flight
         highest = lowest + self.upstream_credit + sum(max(m.broker_credit, 0) for m in self.mirrored)
-        depth = min(max(self.depth, lowest), highest)
-        if depth == self.depth:
+        above_before, self._above_broker_bound = self._above_broker_bound, self.depth > highest
+        if self.depth < lowest:
+            depth = lowest
+        elif self.depth > highest and above_before:
+            depth = highest
+        else:
             return
         average = self.bytes // self.depth if self.depth else self.largest_message
         self.depth = depth
