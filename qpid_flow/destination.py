@@ -378,10 +378,11 @@ class Destination:
 
         The broker's figure proves a lower bound: ready + what qpid-flow fetched and holds
         unsettled (for its own consumers, and for mirrored ones: RabbitMQ counts a message
-        out to a consumer as unacknowledged, not ready) + what it forwarded and the broker
-        has not confirmed. Messages the broker sent and qpid-flow has not received yet are
-        in neither, so the depth may exceed that bound by the credit the upstream links
-        have outstanding: that is the upper bound.
+        out to a consumer as unacknowledged, not ready). The depth may exceed it by what
+        qpid-flow forwarded and the broker has not confirmed (the broker may have queued
+        it already, and then it is among the ready: it cannot count twice) and by the
+        credit the upstream links have outstanding (messages the broker sent that have not
+        arrived): that is the upper bound.
 
         qpid-flow's own count is kept when it lies within those bounds (it is exact for
         what passed through). Below the lower bound it is raised at once: a backlog left in
@@ -393,8 +394,8 @@ class Destination:
         """
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
         fetched += sum(m.held for m in self.mirrored)
-        lowest = max(0, ready) + fetched + self.in_flight
-        highest = lowest + self.upstream_credit + sum(max(m.broker_credit, 0) for m in self.mirrored)
+        lowest = max(0, ready) + fetched
+        highest = lowest + self.in_flight + self.upstream_credit + sum(max(m.broker_credit, 0) for m in self.mirrored)
         above_before, self._above_broker_bound = self._above_broker_bound, self.depth > highest
         if self.depth < lowest:
             depth = lowest
