@@ -30,6 +30,10 @@ __all__ = ["Destination", "MirroredConsumer"]
 # How far past a message that must wait the dispatcher looks for others that can go.
 DEFAULT_LOOKAHEAD = 1000
 
+# How long the broker's readings must keep finding the depth above what the broker can hold
+# before it is lowered: longer than a burst of transfers or confirmations takes to land.
+BROKER_EXCESS_SETTLE = 1.0
+
 RING_DROPPED = Settlement(Outcome.REJECTED, "qpid-flow:ring-dropped", "dropped to make room on a ring destination")
 PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator")
 DELETED = Settlement(Outcome.REJECTED, "qpid-flow:deleted", "its destination was deleted")
@@ -106,8 +110,8 @@ class Destination:
         # In front of a broker: consumers whose links are mirrored to the broker (they get
         # their messages from it directly, not from this destination's queue).
         self.mirrored: set[MirroredConsumer] = set()
-        # The last broker reading found the depth above what the broker could hold.
-        self._above_broker_bound = False
+        # Since when the broker's readings have found the depth above what it can hold.
+        self._above_broker_since: float | None = None
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
@@ -373,8 +377,9 @@ class Destination:
             dropped += 1
         return dropped
 
-    def set_broker_backlog(self, ready: int) -> None:
-        """What the broker says it holds ready for this address (from a plugin).
+    def set_broker_backlog(self, ready: int, now: float | None = None) -> None:
+        """What the broker says it holds ready for this address (from a plugin); ``now``:
+        the reading's ``time.monotonic()``, when the caller knows it.
 
         The broker's figure proves a lower bound: ready + what qpid-flow fetched and holds
         unsettled (for its own consumers, and for mirrored ones: RabbitMQ counts a message
@@ -387,22 +392,30 @@ class Destination:
         qpid-flow's own count is kept when it lies within those bounds (it is exact for
         what passed through). Below the lower bound it is raised at once: a backlog left in
         the broker. Above the upper bound it is lowered (messages consumed elsewhere) only
-        when the reading before found it above too: RabbitMQ sends beyond the credit it was
-        given, so one reading can catch hundreds of messages on their way to a consumer,
-        in no count, and lowering on it would resume producers against a full queue.
-        Bytes are estimated from the average size of the messages seen.
+        once the readings have found it above for ``BROKER_EXCESS_SETTLE`` seconds: a
+        single reading can catch messages in no count (on their way to a consumer, as
+        RabbitMQ sends beyond the credit it was given; or confirmed to qpid-flow between
+        the reading and its arrival here), and lowering on it would resume producers
+        against a full queue. Bytes are estimated from the average size of the messages
+        seen.
         """
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
         fetched += sum(m.held for m in self.mirrored)
         lowest = max(0, ready) + fetched
         highest = lowest + self.in_flight + self.upstream_credit + sum(max(m.broker_credit, 0) for m in self.mirrored)
-        above_before, self._above_broker_bound = self._above_broker_bound, self.depth > highest
-        if self.depth < lowest:
-            depth = lowest
-        elif self.depth > highest and above_before:
+        if self.depth > highest:
+            now = time.monotonic() if now is None else now
+            if self._above_broker_since is None:
+                self._above_broker_since = now
+            if now - self._above_broker_since < BROKER_EXCESS_SETTLE:
+                return
             depth = highest
+        elif self.depth < lowest:
+            depth = lowest
         else:
+            self._above_broker_since = None
             return
+        self._above_broker_since = None
         average = self.bytes // self.depth if self.depth else self.largest_message
         self.depth = depth
         self.bytes = depth * average

@@ -81,7 +81,26 @@ def wait_until_quiet(producers: list[Producer], quiet: float = 1.5, limit: float
 
 def test_flood_stops_at_the_threshold_and_resumes_below_the_resume_threshold(start_router) -> None:
     name = unique("orders")
-    router = start_router(seed_config(name))
+    flood_and_drain(start_router(seed_config(name)), name)
+
+
+def test_the_broker_depth_read_during_a_flood_changes_neither_threshold(rabbitmq, qpid_flow_process) -> None:
+    """The RabbitMQ depth plugin reading every 0.1 s while producers flood and a consumer
+    drains: the broker's ready count includes messages whose confirmation is still on its
+    way and excludes those on their way to the consumer; neither may move the stop or the
+    resume."""
+    name = unique("orders")
+    admin = f"127.0.0.1:{free_port()}"
+    config = seed_config(name) + '[plugins.rabbitmq_depth]\ninterval = "0.1s"\n'
+    router = Router(
+        qpid_flow_process(broker_url=rabbitmq.url, config_text=config, extra_args=["--admin", admin]), admin
+    )
+    flood_and_drain(router, name)
+
+
+def flood_and_drain(router: Router, name: str) -> None:
+    """Seed 003's numbers: three producers of 600 against stop 900 / resume 500, then one
+    consumer of all 1,800."""
     producers = [
         Producer(router.url, name, [make_message(f"p{k}", i) for i in range(600)], timeout=120) for k in range(3)
     ]
