@@ -79,6 +79,27 @@ def wait_until_quiet(producers: list[Producer], quiet: float = 1.5, limit: float
     return last
 
 
+def publish_directly(rabbitmq, queue: str, count: int) -> None:
+    """Leave ``count`` messages in ``queue``, published to RabbitMQ itself (AMQP 0-9-1)."""
+    import pika
+
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq.url + "/%2F")) as connection:
+        channel = connection.channel()
+        channel.queue_declare(queue)
+        for i in range(count):
+            channel.basic_publish("", queue, f"old-{i}".encode())
+
+
+def router_reading_rabbitmq_depth(rabbitmq, qpid_flow_process, name: str, interval: str) -> Router:
+    """qpid-flow in front of RabbitMQ with seed 003's thresholds on ``name`` and the
+    plugins/qpid-flow-rabbitmq-depth plugin (loaded through its entry point) reading every
+    ``interval``."""
+    admin = f"127.0.0.1:{free_port()}"
+    config = seed_config(name) + f'[plugins.rabbitmq_depth]\ninterval = "{interval}"\n'
+    process = qpid_flow_process(broker_url=rabbitmq.url, config_text=config, extra_args=["--admin", admin])
+    return Router(process, admin)
+
+
 def test_flood_stops_at_the_threshold_and_resumes_below_the_resume_threshold(start_router) -> None:
     name = unique("orders")
     flood_and_drain(start_router(seed_config(name)), name)
@@ -90,12 +111,7 @@ def test_the_broker_depth_read_during_a_flood_changes_neither_threshold(rabbitmq
     way and excludes those on their way to the consumer; neither may move the stop or the
     resume."""
     name = unique("orders")
-    admin = f"127.0.0.1:{free_port()}"
-    config = seed_config(name) + '[plugins.rabbitmq_depth]\ninterval = "0.1s"\n'
-    router = Router(
-        qpid_flow_process(broker_url=rabbitmq.url, config_text=config, extra_args=["--admin", admin]), admin
-    )
-    flood_and_drain(router, name)
+    flood_and_drain(router_reading_rabbitmq_depth(rabbitmq, qpid_flow_process, name, "0.1s"), name)
 
 
 def flood_and_drain(router: Router, name: str) -> None:
@@ -379,24 +395,10 @@ def test_memory_limit_stops_all_producer_credit(qpid_flow_process) -> None:
 
 
 def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabbitmq, qpid_flow_process) -> None:
-    """The plugins/qpid-flow-rabbitmq-depth plugin, loaded through its entry point."""
-    import pika
-
+    """The RabbitMQ depth plugin counts what the broker held before qpid-flow started."""
     name = unique("backlog")
-    with pika.BlockingConnection(pika.URLParameters(rabbitmq.url + "/%2F")) as connection:
-        channel = connection.channel()
-        channel.queue_declare(name)
-        for i in range(950):
-            channel.basic_publish("", name, f"old-{i}".encode())
-    admin = f"127.0.0.1:{free_port()}"
-    router = Router(
-        qpid_flow_process(
-            broker_url=rabbitmq.url,
-            config_text=seed_config(name) + '[plugins.rabbitmq_depth]\ninterval = "0.5s"\n',
-            extra_args=["--admin", admin],
-        ),
-        admin,
-    )
+    publish_directly(rabbitmq, name, 950)
+    router = router_reading_rabbitmq_depth(rabbitmq, qpid_flow_process, name, "0.5s")
     deadline = time.monotonic() + 15
     while router.stat(name)["depth"] != 950 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -420,23 +422,9 @@ def test_messages_a_consumer_holds_unsettled_still_count_against_the_broker_back
     """RabbitMQ reports a message out to a consumer as unacknowledged, not ready: the depth
     (as Qpid counts it, acquired messages included) must not fall while a consumer of the
     queue holds the backlog unsettled, and flow control must not resume on it."""
-    import pika
-
     name = unique("held")
-    with pika.BlockingConnection(pika.URLParameters(rabbitmq.url + "/%2F")) as connection:
-        channel = connection.channel()
-        channel.queue_declare(name)
-        for i in range(950):
-            channel.basic_publish("", name, f"old-{i}".encode())
-    admin = f"127.0.0.1:{free_port()}"
-    router = Router(
-        qpid_flow_process(
-            broker_url=rabbitmq.url,
-            config_text=seed_config(name) + '[plugins.rabbitmq_depth]\ninterval = "0.2s"\n',
-            extra_args=["--admin", admin],
-        ),
-        admin,
-    )
+    publish_directly(rabbitmq, name, 950)
+    router = router_reading_rabbitmq_depth(rabbitmq, qpid_flow_process, name, "0.2s")
     deadline = time.monotonic() + 15
     while router.stat(name)["depth"] != 950 and time.monotonic() < deadline:
         time.sleep(0.1)
