@@ -100,6 +100,13 @@ def router_reading_rabbitmq_depth(rabbitmq, qpid_flow_process, name: str, interv
     return Router(process, admin)
 
 
+def wait_for_depth(router: Router, name: str, depth: int, limit: float = 15.0) -> None:
+    """Wait until ``name``'s depth reads ``depth`` (the broker's first reading arrived)."""
+    deadline = time.monotonic() + limit
+    while router.stat(name)["depth"] != depth and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_flood_stops_at_the_threshold_and_resumes_below_the_resume_threshold(start_router) -> None:
     name = unique("orders")
     flood_and_drain(start_router(seed_config(name)), name)
@@ -399,9 +406,7 @@ def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabb
     name = unique("backlog")
     publish_directly(rabbitmq, name, 950)
     router = router_reading_rabbitmq_depth(rabbitmq, qpid_flow_process, name, "0.5s")
-    deadline = time.monotonic() + 15
-    while router.stat(name)["depth"] != 950 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for_depth(router, name, 950)
     record = router.stat(name)
     assert (record["depth"], record["flowStopped"]) == (950, True), record
     producer = Producer(router.url, name, [make_message("p", i) for i in range(20)], timeout=60)
@@ -425,9 +430,7 @@ def test_messages_a_consumer_holds_unsettled_still_count_against_the_broker_back
     name = unique("held")
     publish_directly(rabbitmq, name, 950)
     router = router_reading_rabbitmq_depth(rabbitmq, qpid_flow_process, name, "0.2s")
-    deadline = time.monotonic() + 15
-    while router.stat(name)["depth"] != 950 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for_depth(router, name, 950)
     assert router.stat(name)["flowStopped"] is True
     stop = threading.Event()
     holder = Consumer(router.url, name, prefetch=1000, decide=lambda _m: "hold", stop=stop, timeout=60)
