@@ -110,8 +110,9 @@ class Destination:
         # In front of a broker: consumers whose links are mirrored to the broker (they get
         # their messages from it directly, not from this destination's queue).
         self.mirrored: set[MirroredConsumer] = set()
-        # Since when the broker's readings have found the depth above what it can hold.
-        self._above_broker_since: float | None = None
+        # (side, since when): the broker's readings have found the depth above (1) or
+        # below (-1) the bounds they prove, since then.
+        self._outside_broker_bounds: tuple[int, float] | None = None
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
@@ -390,36 +391,47 @@ class Destination:
         arrived): that is the upper bound.
 
         qpid-flow's own count is kept when it lies within those bounds (it is exact for
-        what passed through). Below the lower bound it is raised at once: a backlog left in
-        the broker. Above the upper bound it is lowered (messages consumed elsewhere) only
-        once the readings have found it above for ``BROKER_EXCESS_SETTLE`` seconds: a
-        single reading can catch messages in no count (on their way to a consumer, as
-        RabbitMQ sends beyond the credit it was given; or confirmed to qpid-flow between
-        the reading and its arrival here), and lowering on it would resume producers
-        against a full queue. Bytes are estimated from the average size of the messages
-        seen.
+        what passed through). Below the lower bound it is raised (a backlog left in the
+        broker): at once while no consumer holds any of its messages, else once the
+        readings have found it below for ``BROKER_EXCESS_SETTLE`` seconds, since a reading
+        taken a moment ago may count as ready messages held here by now. Above the upper
+        bound it is lowered (messages consumed elsewhere) once the readings have found it
+        above for that long: a single reading can catch messages in no count (on their way
+        to a consumer, as RabbitMQ sends beyond the credit it was given; or confirmed to
+        qpid-flow between the reading and its arrival here), and lowering on it would
+        resume producers against a full queue. Bytes are estimated from the average size
+        of the messages seen.
         """
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
         fetched += sum(m.held for m in self.mirrored)
         lowest = max(0, ready) + fetched
         highest = lowest + self.in_flight + self.upstream_credit + sum(max(m.broker_credit, 0) for m in self.mirrored)
         if self.depth > highest:
-            now = time.monotonic() if now is None else now
-            if self._above_broker_since is None:
-                self._above_broker_since = now
-            if now - self._above_broker_since < BROKER_EXCESS_SETTLE:
+            if not self._outside_broker_bounds_for_a_while(1, now):
                 return
             depth = highest
         elif self.depth < lowest:
+            # With messages out to consumers, a reading taken a moment ago may count as
+            # ready some that are held here now: raise only if it lasts.
+            if fetched and not self._outside_broker_bounds_for_a_while(-1, now):
+                return
             depth = lowest
         else:
-            self._above_broker_since = None
+            self._outside_broker_bounds = None
             return
-        self._above_broker_since = None
+        self._outside_broker_bounds = None
         average = self.bytes // self.depth if self.depth else self.largest_message
         self.depth = depth
         self.bytes = depth * average
         self._hooks.depth_changed(destination=self)
+
+    def _outside_broker_bounds_for_a_while(self, side: int, now: float | None) -> bool:
+        """The broker's readings have found the depth on ``side`` of their bounds (1 above,
+        -1 below) for ``BROKER_EXCESS_SETTLE`` seconds, this one included."""
+        now = time.monotonic() if now is None else now
+        if self._outside_broker_bounds is None or self._outside_broker_bounds[0] != side:
+            self._outside_broker_bounds = (side, now)
+        return now - self._outside_broker_bounds[1] >= BROKER_EXCESS_SETTLE
 
     def forget(self, predicate: Callable[[Message], bool]) -> int:
         """Drop messages matching ``predicate`` without an outcome (their source is gone).
