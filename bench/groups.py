@@ -6,9 +6,9 @@ Other options: ``--credit K`` (credit each consumer is given per turn, default 5
 ``--consumers C`` (default 4), ``--header JMSXGroupID`` (read the group from that
 application property instead of ``properties.group-id``), ``--groups 10,1000,100000``.
 
-What it measures, on a real :class:`~qpid_flow.destination.Destination` with the
+What it measures, on a real :class:`~qpid_flow.core.destination.Destination` with the
 built-in plugins (``Hooks(build_plugin_manager())``) and a
-:class:`~qpid_flow.groups.GroupedQueue` installed with ``replace_queue``:
+:class:`~qpid_flow.policies.groups.grouped_queue.GroupedQueue` installed with ``replace_queue``:
 
 1. Dispatch throughput with 10, 1,000 and 100,000 active groups. The messages are real
    encoded AMQP messages (``proton.Message(body=..., group_id=...).encode()``, encoded once
@@ -61,10 +61,10 @@ sys.path.insert(0, str(ROOT))
 from proton import Message as ProtonMessage  # noqa: E402
 
 from qpid_flow.config import DestinationPolicy  # noqa: E402
-from qpid_flow.destination import Destination  # noqa: E402
-from qpid_flow.groups import GroupedQueue  # noqa: E402
-from qpid_flow.manager import Hooks, build_plugin_manager  # noqa: E402
-from qpid_flow.model import Consumer, Message, Settlement  # noqa: E402
+from qpid_flow.core.destination import Destination  # noqa: E402
+from qpid_flow.core.model import Consumer, Message, Settlement  # noqa: E402
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager  # noqa: E402
+from qpid_flow.policies.groups.grouped_queue import GroupedQueue  # noqa: E402
 
 ADDRESS = "bench-groups"
 BODY = "x" * 64

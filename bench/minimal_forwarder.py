@@ -4,8 +4,8 @@
 
 The floor of broker mode: what one Python process pays to take each message through
 Proton twice (client to broker, broker to client), with nothing else. It runs on
-qpid-flow's own reactor (``qpid_flow.io.RelayContainer``) and its lean delivery helpers
-(``qpid_flow.endpoints``), the fastest way this project knows to drive Proton from
+qpid-flow's own reactor (``qpid_flow.amqp.reactor.RelayContainer``) and its lean delivery helpers
+(``qpid_flow.amqp.endpoints``), the fastest way this project knows to drive Proton from
 Python, so the gap between it and qpid-flow is qpid-flow's own work.
 
 - Each client connection gets its own connection to the broker (as qpid-flow does), and
@@ -28,8 +28,8 @@ from typing import Any
 from proton import Endpoint, Handler, Link
 from proton.reactor import Container
 
-from qpid_flow.endpoints import LeanDelivery, keep_link, new_delivery, send_transfer, take_transfer
-from qpid_flow.io import RelayContainer
+from qpid_flow.amqp.endpoints import LeanDelivery, keep_link, new_delivery, send_transfer, take_transfer
+from qpid_flow.amqp.reactor import RelayContainer
 
 LOCAL_UNINIT = Endpoint.LOCAL_UNINIT
 LOCAL_ACTIVE = Endpoint.LOCAL_ACTIVE

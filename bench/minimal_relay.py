@@ -8,7 +8,7 @@ settlement, raw bytes, never decoded), and nothing else: an in-memory deque per 
 no policies, no plugins, no limits, no logging per message.
 
 ``--container qpid-flow`` runs the same handler on qpid-flow's own reactor
-(``qpid_flow.io.RelayContainer``: fewer Python objects per Proton event, transport
+(``qpid_flow.amqp.reactor.RelayContainer``: fewer Python objects per Proton event, transport
 updates batched), so that qpid-flow can be compared with a relay on the same reactor.
 
 - A producer link gets ``--window`` credit, topped up as transfers arrive. A transfer is
@@ -203,11 +203,11 @@ class MinimalRelay(Handler):
 
 
 def make_container(kind: str, handler: Handler) -> Container:
-    """Proton's stock ``Container``, or qpid-flow's ``RelayContainer`` (qpid_flow/io.py:
+    """Proton's stock ``Container``, or qpid-flow's ``RelayContainer`` (qpid_flow/amqp/reactor.py:
     PN_DELIVERY events on a short path, transport I/O updates batched per reactor turn),
     to tell the cost of qpid-flow's data path from the cost of the reactor under it."""
     if kind == "qpid-flow":
-        from qpid_flow.io import RelayContainer
+        from qpid_flow.amqp.reactor import RelayContainer
 
         container = RelayContainer()
         container.handler = handler  # as qpid-flow's server sets it: the short path calls it directly

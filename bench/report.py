@@ -166,7 +166,7 @@ def to_parquet(logs: Path, target: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from qpid_flow.builtin.event_writers import COLUMNS, arrow_schema
+    from qpid_flow.policies.event_log.writers import COLUMNS, arrow_schema
 
     target.mkdir(parents=True, exist_ok=True)
     schema = arrow_schema()

@@ -337,7 +337,7 @@ def rounds_of(ctx: Context, paths: dict[str, Callable[[Processes], dict[str, Any
 
 def relay_container_available() -> bool:
     try:
-        from qpid_flow.io import RelayContainer  # noqa: F401
+        from qpid_flow.amqp.reactor import RelayContainer  # noqa: F401
     except ImportError:
         return False
     return True

@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 from qpid_flow import __version__
 from qpid_flow.config import ConfigError, load_config
-from qpid_flow.users import UsersFile, check_name
+from qpid_flow.security.users import UsersFile, check_name
 
 __all__ = ["DEFAULT_ADMIN", "build_parser", "main"]
 
@@ -122,8 +122,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"qpid-flow: configuration error: {exc}", file=sys.stderr)
         return 2
+    from qpid_flow.amqp.server import Server
     from qpid_flow.logs import configure_logging
-    from qpid_flow.server import Server
 
     configure_logging(config.log_level, config.log_format)
     try:

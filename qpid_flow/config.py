@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qpid_flow.flow import FlowLimits, LimitError, flow_limits
+from qpid_flow.policies.flow_control.thresholds import FlowLimits, LimitError, flow_limits
 
 if TYPE_CHECKING:
     from qpid_flow.brokers import BrokerAddress
@@ -362,7 +362,7 @@ class RouterConfig:
 
     listen: str = "127.0.0.1:5673"  # comma-joined listeners; amqps:// ones speak TLS
     broker: str | None = None  # comma-separated broker URLs, tried in order
-    broker_dialect: str = "auto"  # how the broker names queues (qpid_flow.dialect): auto, rabbitmq, plain
+    broker_dialect: str = "auto"  # how the broker names queues (qpid_flow.core.dialect): auto, rabbitmq, plain
     admin: str | None = None
     # Credit a producer link keeps (messages in flight per producer); 0: by mode, see
     # __post_init__ and docs/configuration.md.
@@ -467,7 +467,7 @@ class RouterConfig:
         return self.plugins.get(name, {})
 
     def flow_limits(self, policy: DestinationPolicy) -> tuple[FlowLimits, list[str]]:
-        """Stop/resume thresholds in force for ``policy`` (see :mod:`qpid_flow.flow`)."""
+        """Stop/resume thresholds in force for ``policy`` (see :mod:`qpid_flow.policies.flow_control.thresholds`)."""
         return flow_limits(policy, self.default_flow_stop_threshold, self.default_flow_resume_threshold)
 
     def check_flow_limits(self, policy: DestinationPolicy, where: str) -> list[str]:

@@ -218,7 +218,7 @@ def _stream_as_parquet(stream: Path, target: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from qpid_flow.builtin.event_writers import arrow_schema, stream_batches
+    from qpid_flow.policies.event_log.writers import arrow_schema, stream_batches
 
     pq.write_table(pa.Table.from_batches(stream_batches(stream), schema=arrow_schema()), str(target))
     return target

@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from qpid_flow.builtin.event_writers import read_rows
+from qpid_flow.policies.event_log.writers import read_rows
 
 from .clients import Consumer, Producer, make_message, run_all
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from proton import Message
 
-from qpid_flow.builtin.event_writers import read_rows
+from qpid_flow.policies.event_log.writers import read_rows
 
 from .clients import Producer, run_all, unique
 from .harness.net import free_port

@@ -23,7 +23,7 @@ from proton import ConnectionException, Message
 from proton.reactor import Container
 from proton.utils import BlockingConnection
 
-from qpid_flow.users import UsersFile
+from qpid_flow.security.users import UsersFile
 
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.broker import Broker

@@ -1,7 +1,7 @@
 """1,000 client connections through qpid-flow to RabbitMQ, each round-tripping a message.
 
 In front of a broker every client connection gets an upstream connection of its own
-(qpid_flow/linkroute.py), so 1,000 clients mean 1,000 mirrored connections at the broker,
+(qpid_flow/amqp/linkroute.py), so 1,000 clients mean 1,000 mirrored connections at the broker,
 plus qpid-flow's own. One Proton container in the test process drives all clients (one
 ``MessagingHandler``), in three phases, each waiting for every client before the next:
 

@@ -22,7 +22,7 @@ import pytest
 from proton import ConnectionException, Delivery, Endpoint, Message, SSLDomain
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
-from qpid_flow.users import UsersFile
+from qpid_flow.security.users import UsersFile
 
 from .harness.broker import Broker, BrokerError
 from .harness.certs import Certificates, foreign_client, make_certificates

@@ -4,7 +4,7 @@ An :class:`End` is one end of an AMQP connection: a ``proton.Connection`` bound 
 ``proton.Transport`` (no SASL) and collected by a ``proton.Collector``. :func:`move_bytes`
 carries what one transport writes to the other (``peek``/``pop``/``push``), end of stream
 included, as a socket would. :func:`dispatch` hands the events of a collector to a handler
-the way :meth:`qpid_flow.io.RelayContainer.process` does.
+the way :meth:`qpid_flow.amqp.reactor.RelayContainer.process` does.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from cproton import (
 )
 from proton import Collector, Connection, Event, Transport
 
-from qpid_flow.endpoints import DeliveryEvent, LinkFlowEvent
+from qpid_flow.amqp.endpoints import DeliveryEvent, LinkFlowEvent
 
 __all__ = ["End", "dispatch", "move_bytes"]
 

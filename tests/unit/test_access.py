@@ -1,11 +1,11 @@
-"""The ACL and connection limits, alone (qpid_flow.access)."""
+"""The ACL and connection limits, alone (qpid_flow.security.access)."""
 
 from __future__ import annotations
 
 import pytest
 
-from qpid_flow.access import AccessPolicy, ConnectionLimits
 from qpid_flow.config import AclEntry, ConfigError, build_config
+from qpid_flow.security.access import AccessPolicy, ConnectionLimits
 
 
 def test_no_entries_allow_everything() -> None:

@@ -14,10 +14,10 @@ from urllib.parse import quote
 
 import pytest
 
-from qpid_flow import admin as admin_module
-from qpid_flow.admin import AdminServer
+from qpid_flow.admin import http as admin_module
+from qpid_flow.admin.http import AdminServer
+from qpid_flow.admin.metrics import Snapshot
 from qpid_flow.config import ConfigError
-from qpid_flow.metrics import Snapshot
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""Standalone sign-in rules, alone (qpid_flow.auth): mechanisms offered, PLAIN on a worker
+"""Standalone sign-in rules, alone (qpid_flow.security.auth): mechanisms offered, PLAIN on a worker
 thread with its answer handed back, EXTERNAL, ANONYMOUS, the users file read again on change."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from qpid_flow.auth import Authenticator, claimed_user, parse_plain
 from qpid_flow.config import ConfigError
-from qpid_flow.sasl import SaslInit
+from qpid_flow.security.auth import Authenticator, claimed_user, parse_plain
+from qpid_flow.security.sasl import SaslInit
 
 
 class Users:

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from qpid_flow import admin as admin_module
 from qpid_flow import cli
-from qpid_flow.admin import AdminServer
+from qpid_flow.admin import http as admin_module
+from qpid_flow.admin.http import AdminServer
 from qpid_flow.config import ConfigError
-from qpid_flow.users import UsersFile
+from qpid_flow.security.users import UsersFile
 from tests.unit.test_admin import ORDERS, SLASHED, TOKEN, FakeOperations
 
 
@@ -351,7 +351,7 @@ def test_a_bad_config_file_exits_2_with_one_line(
 
 @pytest.fixture
 def cheap_scrypt(monkeypatch: pytest.MonkeyPatch) -> None:
-    from qpid_flow import users
+    from qpid_flow.security import users
 
     monkeypatch.setattr(users, "_N", 2**10)
 

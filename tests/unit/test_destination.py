@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from qpid_flow.config import DestinationPolicy
-from qpid_flow.destination import BROKER_EXCESS_SETTLE, Destination
-from qpid_flow.manager import Hooks, build_plugin_manager
-from qpid_flow.model import Consumer, Message, Outcome, Settlement
+from qpid_flow.core.destination import BROKER_EXCESS_SETTLE, Destination
+from qpid_flow.core.model import Consumer, Message, Outcome, Settlement
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager
 
 
 class Wire:
@@ -209,7 +209,7 @@ def test_only_failed_deliveries_count_towards_delivery_count(hooks: Hooks) -> No
 def test_selectors_route_messages_and_browsers_only_look(hooks: Hooks) -> None:
     from proton import Message as ProtonMessage
 
-    from qpid_flow.jms_selector import parse_selector
+    from qpid_flow.core.jms_selector import parse_selector
 
     dest, wire = make(hooks), Wire()
     blue = Consumer("q", wire.deliver, selector=parse_selector("colour = 'blue'"))

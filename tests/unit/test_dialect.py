@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qpid_flow.config import ConfigError, build_config
-from qpid_flow.dialect import PLAIN, RABBITMQ, Dialect, Node, PlainDialect, RabbitMQDialect, dialect_for
+from qpid_flow.core.dialect import PLAIN, RABBITMQ, Dialect, Node, PlainDialect, RabbitMQDialect, dialect_for
 
 
 @pytest.mark.parametrize("address", ["orders", "/queue/orders", "/amq/queue/orders"])

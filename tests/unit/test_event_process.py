@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from qpid_flow.builtin.event_process import EventLogUnavailable, ProcessSink
-from qpid_flow.builtin.event_writers import Batch, Row, read_rows
+from qpid_flow.policies.event_log.process import EventLogUnavailable, ProcessSink
+from qpid_flow.policies.event_log.writers import Batch, Row, read_rows
 
 
 def _rows(first: int, count: int) -> list[Row]:
@@ -83,8 +83,8 @@ def test_the_child_finishes_the_files_when_the_router_is_killed(tmp_path: Path) 
         f"""
         import os, signal, sys, time
         from pathlib import Path
-        from qpid_flow.builtin.event_process import ProcessSink
-        from qpid_flow.builtin.event_writers import Batch
+        from qpid_flow.policies.event_log.process import ProcessSink
+        from qpid_flow.policies.event_log.writers import Batch
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_event_process import _rows
         sink = ProcessSink("parquet", Path({str(path)!r}), "r", 0, 0)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qpid_flow.builtin.event_writers import (
+from qpid_flow.policies.event_log.writers import (
     COLUMNS,
     Batch,
     JsonLinesSink,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qpid_flow.config import ConfigError, DestinationPolicy, build_config
-from qpid_flow.flow import FlowLimits, FlowState, FlowTransition, LimitError, flow_limits
+from qpid_flow.policies.flow_control.thresholds import FlowLimits, FlowState, FlowTransition, LimitError, flow_limits
 
 KB = 1024
 

@@ -6,12 +6,12 @@ import functools
 import operator
 from typing import Any
 
-from qpid_flow.builtin.flow import Plugin as FlowPlugin
 from qpid_flow.config import build_config
-from qpid_flow.manager import Hooks, build_plugin_manager
-from qpid_flow.memory import MemoryMeter
-from qpid_flow.model import Hold, Message, Outcome, Producer, Reject, Settlement
-from qpid_flow.registry import Destinations
+from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.core.model import Hold, Message, Outcome, Producer, Reject, Settlement
+from qpid_flow.core.registry import Destinations
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager
+from qpid_flow.policies.flow_control.plugin import Plugin as FlowPlugin
 
 
 class FakeControl:
@@ -212,7 +212,7 @@ def test_purge_and_policy_removal_resume_producers() -> None:
 
 def test_groups_can_be_switched_on_at_runtime_keeping_the_waiting_messages() -> None:
     from qpid_flow.config import DestinationPolicy
-    from qpid_flow.groups import GroupedQueue
+    from qpid_flow.policies.groups.grouped_queue import GroupedQueue
 
     _, registry, _, _ = setup({})
     fill(registry, "carts", 3)

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from qpid_flow.metrics import METRICS, exposed_name
+from qpid_flow.admin.metrics import METRICS, exposed_name
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 NAME = re.compile(r"\bqpid_flow_[a-z_]+\b")

@@ -13,11 +13,11 @@ from proton import Message as ProtonMessage
 
 from qpid_flow import hookimpl
 from qpid_flow.config import DestinationPolicy
-from qpid_flow.destination import Destination
-from qpid_flow.groups import DEFAULT_GROUP, GroupedQueue, _Heads, group_key
-from qpid_flow.jms_selector import parse_selector
-from qpid_flow.manager import Hooks, build_plugin_manager
-from qpid_flow.model import Consumer, Hold, Message, Settlement
+from qpid_flow.core.destination import Destination
+from qpid_flow.core.jms_selector import parse_selector
+from qpid_flow.core.model import Consumer, Hold, Message, Settlement
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager
+from qpid_flow.policies.groups.grouped_queue import DEFAULT_GROUP, GroupedQueue, _Heads, group_key
 
 
 class Wire:

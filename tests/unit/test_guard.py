@@ -15,8 +15,8 @@ import structlog
 from proton import Collector, Condition, Connection, Endpoint, Event, Handler, Sender, Transport
 from proton.reactor import Container
 
-from qpid_flow.endpoints import DeliveryEvent, LinkFlowEvent
-from qpid_flow.guard import contain_errors
+from qpid_flow.amqp.endpoints import DeliveryEvent, LinkFlowEvent
+from qpid_flow.amqp.guard import contain_errors
 
 
 class Boom(Exception):

@@ -6,7 +6,7 @@ from typing import Any
 
 from proton.handlers import MessagingHandler
 
-from qpid_flow.io import RelayContainer
+from qpid_flow.amqp.reactor import RelayContainer
 
 from ..integration.harness.net import free_port
 

@@ -1,4 +1,4 @@
-"""JMS message selectors (qpid_flow.jms_selector): JMS 2.0 section 3.8.1's examples, SQL's
+"""JMS message selectors (qpid_flow.core.jms_selector): JMS 2.0 section 3.8.1's examples, SQL's
 three-valued logic, the type rules, errors that name their column, and random input that
 may only ever raise SelectorError."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from qpid_flow.jms_selector import (
+from qpid_flow.core.jms_selector import (
     JMS_HEADER_IDENTIFIERS,
     MAX_DEPTH,
     MAX_SELECTOR_LENGTH,

@@ -33,14 +33,14 @@ from proton import (
     symbol,
 )
 
+from qpid_flow.amqp.linkroute import BrokerRouter
+from qpid_flow.amqp.upstream import GroupReader as UpstreamGroupReader
 from qpid_flow.brokers import BrokerAddress
 from qpid_flow.config import RouterConfig, build_config
-from qpid_flow.destination import Destination
-from qpid_flow.linkroute import BrokerRouter
-from qpid_flow.manager import BUILTIN_PLUGINS, Hooks, build_plugin_manager
-from qpid_flow.memory import MemoryMeter
-from qpid_flow.registry import Destinations
-from qpid_flow.upstream import GroupReader as UpstreamGroupReader
+from qpid_flow.core.destination import Destination
+from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.core.registry import Destinations
+from qpid_flow.plugin.manager import BUILTIN_PLUGINS, Hooks, build_plugin_manager
 from tests.unit.proton_pairs import End, dispatch, move_bytes
 
 BROKER = BrokerAddress("amqp", "broker.test", 5672, user="app", password="secret", vhost="v1")

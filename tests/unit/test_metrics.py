@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from qpid_flow.metrics import METRICS, OTHER, RouterCollector, Snapshot, reference_table, registry_for
+from qpid_flow.admin.metrics import METRICS, OTHER, RouterCollector, Snapshot, reference_table, registry_for
 
 
 def _snapshot(destinations: list[dict[str, Any]]) -> Snapshot:
@@ -94,4 +94,4 @@ def test_the_operations_guide_lists_every_metric_as_the_code_defines_it() -> Non
     guide = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     start, end = "<!-- metrics-reference:start -->\n", "\n<!-- metrics-reference:end -->"
     documented = guide[guide.index(start) + len(start) : guide.index(end)]
-    assert documented == reference_table(), "regenerate it: python -m qpid_flow.metrics"
+    assert documented == reference_table(), "regenerate it: python -m qpid_flow.admin.metrics"

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from qpid_flow import hookimpl, hookspecs
+from qpid_flow import hookimpl
 from qpid_flow.config import DestinationPolicy
-from qpid_flow.destination import Destination
-from qpid_flow.manager import Hooks, build_plugin_manager
-from qpid_flow.model import Consumer, Hold, Message, Producer, Reject
+from qpid_flow.core.destination import Destination
+from qpid_flow.core.model import Consumer, Hold, Message, Producer, Reject
+from qpid_flow.plugin import hookspecs
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 

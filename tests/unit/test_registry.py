@@ -6,9 +6,9 @@ import gc
 import tracemalloc
 
 from qpid_flow.config import build_config
-from qpid_flow.manager import Hooks, build_plugin_manager
-from qpid_flow.model import Message, Producer
-from qpid_flow.registry import TEMPORARY_PREFIX, Destinations
+from qpid_flow.core.model import Message, Producer
+from qpid_flow.core.registry import TEMPORARY_PREFIX, Destinations
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager
 
 
 def registry(**settings: object) -> Destinations:

@@ -114,7 +114,7 @@ def test_tables_are_put_in_order_as_spark_orders_them() -> None:
 
 
 def test_serving_never_imports_pyspark() -> None:
-    code = "import sys, qpid_flow.cli, qpid_flow.server; print('pyspark' in sys.modules)"
+    code = "import sys, qpid_flow.cli, qpid_flow.amqp.server; print('pyspark' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
@@ -287,7 +287,7 @@ def _as_columnar(logs: Path, target: Path) -> None:
     import pyarrow.ipc
     import pyarrow.parquet as pq
 
-    from qpid_flow.builtin.event_writers import COLUMNS, arrow_schema
+    from qpid_flow.policies.event_log.writers import COLUMNS, arrow_schema
 
     schema = arrow_schema()
     target.mkdir()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 from proton import SASL, Connection, Endpoint, Transport
 
-from qpid_flow.sasl import (
+from qpid_flow.security.sasl import (
     AMQP_HEADER,
     OUTCOME_AUTH,
     OUTCOME_OK,

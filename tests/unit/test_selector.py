@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from qpid_flow.selector import EpollSelector
+from qpid_flow.amqp.epoll import EpollSelector
 
 
 class FakeSelectable:

@@ -1,4 +1,4 @@
-"""TlsChannel in memory: two ends joined by the test, no socket (qpid_flow.tls)."""
+"""TlsChannel in memory: two ends joined by the test, no socket (qpid_flow.security.tls)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qpid_flow.config import ConfigError, build_config
-from qpid_flow.tls import TlsChannel, broker_context, listener_context
+from qpid_flow.security.tls import TlsChannel, broker_context, listener_context
 from tests.integration.harness.certs import Certificates, foreign_client, make_certificates
 
 

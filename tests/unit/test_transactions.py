@@ -1,4 +1,4 @@
-"""qpid_flow/transactions.py alone: outcomes read from a transactional state, txn-ids
+"""qpid_flow/core/transactions.py alone: outcomes read from a transactional state, txn-ids
 scoped to their connection, and when a commit can no longer be applied whole."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from qpid_flow.config import DestinationPolicy
-from qpid_flow.destination import Destination
-from qpid_flow.manager import Hooks, build_plugin_manager
-from qpid_flow.model import Consumer, Message, Outcome
-from qpid_flow.transactions import Transactions, settlement_from_outcome
+from qpid_flow.core.destination import Destination
+from qpid_flow.core.model import Consumer, Message, Outcome
+from qpid_flow.core.transactions import Transactions, settlement_from_outcome
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager
 
 
 @dataclass

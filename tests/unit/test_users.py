@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from qpid_flow import users as users_module
 from qpid_flow.config import ConfigError
-from qpid_flow.users import UsersFile, check_name
+from qpid_flow.security import users as users_module
+from qpid_flow.security.users import UsersFile, check_name
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from qpid_flow_rabbitmq_depth.worker import DepthWorker
 
 if TYPE_CHECKING:
     from qpid_flow.config import RouterConfig
-    from qpid_flow.control import RouterControl
-    from qpid_flow.destination import Destination
+    from qpid_flow.core.destination import Destination
+    from qpid_flow.plugin.control import RouterControl
 
 __all__ = ["RabbitMQDepth"]
 

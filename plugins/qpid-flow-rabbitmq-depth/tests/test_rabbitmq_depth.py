@@ -25,8 +25,8 @@ from qpid_flow_rabbitmq_depth import reader as reader_module
 from qpid_flow_rabbitmq_depth import worker as worker_module
 
 if TYPE_CHECKING:
-    from qpid_flow.control import RouterControl
-    from qpid_flow.destination import Destination as RouterDestination
+    from qpid_flow.core.destination import Destination as RouterDestination
+    from qpid_flow.plugin.control import RouterControl
 
 
 def as_control(fake: object) -> RouterControl:

@@ -29,8 +29,8 @@ from tests.integration.harness.broker import Broker, BrokerError  # noqa: E402
 from tests.integration.harness.rabbitmq import make_broker  # noqa: E402
 
 if TYPE_CHECKING:
-    from qpid_flow.control import RouterControl
-    from qpid_flow.destination import Destination as RouterDestination
+    from qpid_flow.core.destination import Destination as RouterDestination
+    from qpid_flow.plugin.control import RouterControl
 
 
 def as_control(fake: object) -> RouterControl:

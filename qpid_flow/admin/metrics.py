@@ -1,0 +1,363 @@
+"""Prometheus metrics, read at scrape time (``GET /metrics`` on the admin endpoint).
+
+Nothing here runs per message: the data path keeps the counters it keeps anyway
+(``Destination.enqueued_total``, ``delivered_total``, ...), and a scrape asks the reactor
+thread for one :class:`Snapshot` of them (plain values, no Proton object), from which
+:class:`RouterCollector` builds the metric families with ``prometheus_client``.
+
+Cardinality: destinations come and go with client-chosen names (reply queues, one-off
+names). Past ``max_destinations`` (``metrics_max_destinations``), the deepest destinations
+keep their own ``destination`` label and the rest are summed under ``destination="_other"``;
+``qpid_flow_metrics_destinations_aggregated`` says how many were.
+
+``METRICS`` is the reference: name, type, help and labels of every family, from which
+docs/operations.md's table is generated (and checked by a test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+__all__ = ["METRICS", "OTHER", "MetricSpec", "RouterCollector", "Snapshot", "registry_for"]
+
+# The label value destinations past the cardinality limit share.
+OTHER = "_other"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # without the _total a counter gets on exposition
+    kind: str  # "counter", "gauge" or "info"
+    help: str
+    labels: tuple[str, ...] = ()
+    # For per-destination families: the key of the destination's stat record it reads, and
+    # how it aggregates under "_other" ("sum" or "max").
+    key: str | None = None
+    combine: str = "sum"
+
+
+_D = ("destination",)
+
+# Per destination: read from the destination's stat record (Destination.stats plus what
+# plugins add: the flow-control plugin's thresholds and state, the groups plugin's groups).
+DESTINATION_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "qpid_flow_destination_depth_messages",
+        "gauge",
+        "Messages admitted and not yet dequeued (waiting and unsettled).",
+        _D,
+        "depth",
+    ),
+    MetricSpec("qpid_flow_destination_depth_bytes", "gauge", "Bytes of the messages in depth.", _D, "bytes"),
+    MetricSpec(
+        "qpid_flow_destination_max_messages",
+        "gauge",
+        "The destination's max_count (0: unbounded).",
+        _D,
+        "maxCount",
+        "max",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_max_bytes",
+        "gauge",
+        "The destination's max_size in bytes (0: unbounded).",
+        _D,
+        "maxSize",
+        "max",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_flow_stop_messages",
+        "gauge",
+        "Depth in messages at which producer flow stops (0: none).",
+        _D,
+        "flowStopCount",
+        "max",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_flow_resume_messages",
+        "gauge",
+        "Depth in messages at which stopped flow resumes (0: none).",
+        _D,
+        "flowResumeCount",
+        "max",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_flow_stop_bytes",
+        "gauge",
+        "Depth in bytes at which producer flow stops (0: none).",
+        _D,
+        "flowStopSize",
+        "max",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_flow_resume_bytes",
+        "gauge",
+        "Depth in bytes at which stopped flow resumes (0: none).",
+        _D,
+        "flowResumeSize",
+        "max",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_flow_stopped",
+        "gauge",
+        "1 while producer flow is stopped (flowStopped), else 0; under _other, how many are.",
+        _D,
+        "flowStopped",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_flow_stops",
+        "counter",
+        "Times producer flow stopped (flowStoppedCount).",
+        _D,
+        "flowStoppedCount",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_flow_stopped_seconds",
+        "counter",
+        "Seconds spent with producer flow stopped.",
+        _D,
+        "flowStoppedSeconds",
+    ),
+    MetricSpec("qpid_flow_destination_producers", "gauge", "Producer links attached.", _D, "producers"),
+    MetricSpec(
+        "qpid_flow_destination_producers_blocked",
+        "gauge",
+        "Producers held by flow control (no credit, or an outcome held back).",
+        _D,
+        "producersBlocked",
+    ),
+    MetricSpec("qpid_flow_destination_consumers", "gauge", "Consumer links attached.", _D, "consumers"),
+    MetricSpec(
+        "qpid_flow_destination_groups",
+        "gauge",
+        "Message groups owned or waiting (shared-groups destinations).",
+        _D,
+        "groups",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_messages_enqueued", "counter", "Messages admitted to the destination.", _D, "enqueued"
+    ),
+    MetricSpec(
+        "qpid_flow_destination_messages_delivered",
+        "counter",
+        "Messages handed to consumers (redeliveries included).",
+        _D,
+        "delivered",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_messages_acknowledged",
+        "counter",
+        "Deliveries settled accepted (pre-settled ones included).",
+        _D,
+        "acknowledged",
+    ),
+    MetricSpec("qpid_flow_destination_messages_rejected", "counter", "Deliveries settled rejected.", _D, "rejected"),
+    MetricSpec(
+        "qpid_flow_destination_messages_released",
+        "counter",
+        "Deliveries released or modified (the message goes back).",
+        _D,
+        "released",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_messages_expired",
+        "counter",
+        "Messages dropped because their time to live ran out.",
+        _D,
+        "expired",
+    ),
+    MetricSpec(
+        "qpid_flow_destination_messages_ring_dropped",
+        "counter",
+        "Messages dropped to make room on a ring destination.",
+        _D,
+        "ringDropped",
+    ),
+)
+
+ROUTER_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "qpid_flow_build", "info", "qpid-flow's version, Proton's and Python's.", ("version", "proton", "python")
+    ),
+    MetricSpec("qpid_flow_up", "gauge", "1: the router answered this scrape."),
+    MetricSpec(
+        "qpid_flow_ready",
+        "gauge",
+        "1 when ready (listening and, in front of a broker, the broker reachable), as /readyz.",
+    ),
+    MetricSpec("qpid_flow_connections", "gauge", "Client connections open."),
+    MetricSpec("qpid_flow_sessions", "gauge", "Client sessions."),
+    MetricSpec(
+        "qpid_flow_links",
+        "gauge",
+        "Client links, by the client's direction (in: to qpid-flow; out: to the client).",
+        ("direction",),
+    ),
+    MetricSpec(
+        "qpid_flow_upstream_connections",
+        "gauge",
+        "Connections to the broker, by state (the clients' own and qpid-flow's).",
+        ("state",),
+    ),
+    MetricSpec("qpid_flow_messages_in", "counter", "Messages admitted to destinations, router-wide."),
+    MetricSpec("qpid_flow_messages_out", "counter", "Messages handed to consumers, router-wide."),
+    MetricSpec("qpid_flow_memory_bytes", "gauge", "Bytes of messages qpid-flow holds (counted against memory_limit)."),
+    MetricSpec("qpid_flow_memory_limit_bytes", "gauge", "memory_limit (0: none)."),
+    MetricSpec(
+        "qpid_flow_memory_over_limit", "gauge", "1 while the held bytes are over memory_limit (every producer held)."
+    ),
+    MetricSpec("qpid_flow_plugin_errors", "counter", "Exceptions raised by plugins, by hook.", ("hook",)),
+    MetricSpec("qpid_flow_destinations", "gauge", "Destinations that exist now."),
+    MetricSpec(
+        "qpid_flow_metrics_destinations_aggregated",
+        "gauge",
+        'Destinations reported under destination="_other" (metrics_max_destinations).',
+    ),
+)
+
+METRICS: tuple[MetricSpec, ...] = ROUTER_METRICS + DESTINATION_METRICS
+
+
+@dataclass
+class Snapshot:
+    """What one scrape reads, taken on the reactor thread in one go."""
+
+    version: str
+    proton: str
+    python: str
+    ready: bool
+    connections: int
+    sessions: int
+    links_in: int
+    links_out: int
+    upstream: dict[str, int]  # state -> connections
+    messages_in: int
+    messages_out: int
+    memory_bytes: int
+    memory_limit: int
+    memory_over: bool
+    destinations: list[dict[str, Any]]  # stat records (Destination.stats)
+    plugin_errors: dict[str, int] = field(default_factory=dict)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, int | float):
+        return float(value)
+    return 0.0
+
+
+def _limit(records: list[dict[str, Any]], max_destinations: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The destinations reported by name (the deepest first, then by name) and the rest."""
+    if max_destinations <= 0 or len(records) <= max_destinations:
+        return records, []
+    ranked = sorted(records, key=lambda r: (-_number(r.get("depth")), str(r.get("name"))))
+    return ranked[:max_destinations], ranked[max_destinations:]
+
+
+class RouterCollector(Collector):
+    """Builds every family from one snapshot per scrape (``take_snapshot``)."""
+
+    def __init__(self, take_snapshot: Callable[[], Snapshot], max_destinations: int = 500) -> None:
+        self._take_snapshot = take_snapshot
+        self.max_destinations = max_destinations
+
+    def describe(self) -> list[Metric]:
+        # Without this, prometheus_client would call collect() at registration.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._take_snapshot()
+        yield from self._router(snapshot)
+        yield from self._destinations(snapshot.destinations)
+
+    def _router(self, s: Snapshot) -> Iterator[Metric]:
+        specs = {spec.name: spec for spec in ROUTER_METRICS}
+
+        def gauge(name: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, specs[name].help, value=value)
+
+        def counter(name: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(name, specs[name].help, value=value)
+
+        build = InfoMetricFamily("qpid_flow_build", specs["qpid_flow_build"].help)
+        build.add_metric([], {"version": s.version, "proton": s.proton, "python": s.python})
+        yield build
+        yield gauge("qpid_flow_up", 1)
+        yield gauge("qpid_flow_ready", 1 if s.ready else 0)
+        yield gauge("qpid_flow_connections", s.connections)
+        yield gauge("qpid_flow_sessions", s.sessions)
+        links = GaugeMetricFamily("qpid_flow_links", specs["qpid_flow_links"].help, labels=["direction"])
+        links.add_metric(["in"], s.links_in)
+        links.add_metric(["out"], s.links_out)
+        yield links
+        upstream = GaugeMetricFamily(
+            "qpid_flow_upstream_connections", specs["qpid_flow_upstream_connections"].help, labels=["state"]
+        )
+        for state in ("open", "opening", "closing", "closed"):
+            upstream.add_metric([state], s.upstream.get(state, 0))
+        yield upstream
+        yield counter("qpid_flow_messages_in", s.messages_in)
+        yield counter("qpid_flow_messages_out", s.messages_out)
+        yield gauge("qpid_flow_memory_bytes", s.memory_bytes)
+        yield gauge("qpid_flow_memory_limit_bytes", s.memory_limit)
+        yield gauge("qpid_flow_memory_over_limit", 1 if s.memory_over else 0)
+        errors = CounterMetricFamily("qpid_flow_plugin_errors", specs["qpid_flow_plugin_errors"].help, labels=["hook"])
+        for hook, count in sorted(s.plugin_errors.items()):
+            errors.add_metric([hook], count)
+        yield errors
+        _, rest = _limit(s.destinations, self.max_destinations)
+        yield gauge("qpid_flow_destinations", len(s.destinations))
+        yield gauge("qpid_flow_metrics_destinations_aggregated", len(rest))
+
+    def _destinations(self, records: list[dict[str, Any]]) -> Iterator[Metric]:
+        shown, rest = _limit(records, self.max_destinations)
+        for spec in DESTINATION_METRICS:
+            assert spec.key is not None
+            key = spec.key
+            family_type = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = family_type(spec.name, spec.help, labels=list(spec.labels))
+            for record in shown:
+                if key in record:
+                    family.add_metric([str(record["name"])], _number(record[key]))
+            present = [_number(r[key]) for r in rest if key in r]
+            if present:
+                family.add_metric([OTHER], sum(present) if spec.combine == "sum" else max(present))
+            yield family
+
+
+def registry_for(collector: RouterCollector) -> CollectorRegistry:
+    """qpid-flow's metrics and the process' own (``process_*``: CPU, resident memory, open
+    descriptors, read from /proc at scrape time)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def exposed_name(spec: MetricSpec) -> str:
+    """The name a scrape shows: counters get ``_total``, info metrics ``_info``."""
+    return spec.name + {"counter": "_total", "info": "_info"}.get(spec.kind, "")
+
+
+def reference_table() -> str:
+    """The metrics reference of docs/operations.md, as a Markdown table (a unit test keeps
+    the document equal to it: ``python -m qpid_flow.admin.metrics`` prints it)."""
+    lines = ["| metric | type | labels | what it says |", "|---|---|---|---|"]
+    for spec in METRICS:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
+        kind = "gauge" if spec.kind == "info" else spec.kind
+        source = f" (`{spec.key}` in `qpid-flow stat --json`)" if spec.key else ""
+        lines.append(f"| `{exposed_name(spec)}` | {kind} | {labels} | {spec.help}{source} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference_table())

@@ -1,0 +1,160 @@
+"""What operators can do at runtime, on the reactor thread (behind the admin endpoint).
+
+Seed 004's management needs: change a destination's policy without a restart, stop and
+start all producers of a destination pattern, and see every destination's statistics.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from qpid_flow import __version__
+from qpid_flow.admin.metrics import Snapshot
+from qpid_flow.amqp import inventory
+from qpid_flow.config import is_pattern, parse_destination
+from qpid_flow.plugin.manager import PLUGIN_ERRORS
+from qpid_flow.policies.groups.grouped_queue import GroupedQueue
+
+if TYPE_CHECKING:
+    from qpid_flow.amqp.router import Router
+    from qpid_flow.config import DestinationPolicy
+    from qpid_flow.core.registry import Destinations
+    from qpid_flow.plugin.control import RouterControl
+    from qpid_flow.policies.flow_control.plugin import Plugin as FlowPlugin
+
+__all__ = ["Operations"]
+
+log = structlog.get_logger(__name__)
+
+
+def _policy_record(name: str, policy: DestinationPolicy) -> dict[str, Any]:
+    values = {k: v for k, v in asdict(policy).items() if v is not None and k != "pattern"}
+    return {"name": name, "policy": values}
+
+
+class Operations:
+    """Implements :class:`qpid_flow.admin.http.AdminOperations`."""
+
+    def __init__(
+        self,
+        destinations: Destinations,
+        control: RouterControl,
+        flow: FlowPlugin | None,
+        router: Router | None = None,
+        readiness: Callable[[], tuple[bool, str]] | None = None,
+    ) -> None:
+        self._destinations = destinations
+        self._control = control
+        self._flow = flow
+        self._router = router
+        self._readiness = readiness or (lambda: (True, "ready"))
+
+    def stat(self) -> list[dict[str, Any]]:
+        return sorted((d.stats() for d in self._destinations), key=lambda r: r["name"])
+
+    def add_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        policy = parse_destination(name, settings)
+        changed = self._destinations.set_policy(name, policy)
+        if not is_pattern(name):
+            self._destinations.get(name)  # a named destination exists once configured
+        log.info("policy_set", name=name, destinations=[d.address for d in changed], **settings)
+        return _policy_record(name, policy)
+
+    def remove_destination(self, name: str) -> dict[str, Any]:
+        if name not in self._destinations.policies:
+            raise KeyError(f"no policy {name!r}")
+        policy = self._destinations.policies[name]
+        changed = self._destinations.remove_policy(name)
+        log.info("policy_removed", name=name, destinations=[d.address for d in changed])
+        return _policy_record(name, policy)
+
+    def producers(self, action: str, pattern: str) -> dict[str, Any]:
+        if self._flow is None:
+            raise KeyError("flow control is disabled (plugin 'flow')")
+        if action == "stop":
+            self._flow.stop_producers(pattern)
+        elif action == "start":
+            self._flow.start_producers(pattern)
+        else:
+            raise ValueError(f"unknown action {action!r}: stop or start")
+        matching = [d.address for d in self._destinations if self._flow.stopped_by_operator(d.address)]
+        return {"action": action, "pattern": pattern, "stopped": self._flow.stopped_patterns, "destinations": matching}
+
+    def groups(self, name: str) -> dict[str, Any]:
+        destination = self._destinations.find(name)
+        if destination is None:
+            raise KeyError(f"no destination {name!r}")
+        queue = destination.queue
+        if not isinstance(queue, GroupedQueue):
+            raise KeyError(f"message groups are not enabled on {name!r} (shared_groups = true)")
+        return {"name": name, "groups": queue.describe()}
+
+    # --- who is connected (qpid-flow stat connections / links) -------------------------------
+
+    def _the_router(self) -> Router:
+        if self._router is None:
+            raise KeyError("no router")
+        return self._router
+
+    def connections(self) -> list[dict[str, Any]]:
+        return inventory.connection_records(self._the_router())
+
+    def links(self) -> list[dict[str, Any]]:
+        flow = self._flow
+        blocked = None
+        if flow is not None:
+
+            def blocked(address: str) -> bool:
+                destination = self._destinations.find(address)
+                return destination is not None and flow.holds_producers(destination)
+
+        return inventory.link_records(self._the_router(), blocked)
+
+    def close_connection(self, connection_id: str) -> dict[str, Any]:
+        record = inventory.close_connection(self._the_router(), connection_id, "closed by an operator")
+        log.info("connection_closed_by_operator", connection=connection_id, user=record["user"])
+        return record
+
+    # --- health and metrics ------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        return self._readiness()
+
+    def snapshot(self) -> Snapshot:
+        """Everything a metrics scrape reads, in one pass on the reactor thread."""
+        router = self._the_router()
+        memory = self._control.memory
+        sessions, links_in, links_out = inventory.endpoint_counts(router)
+        upstream: Counter[str] = Counter()
+        for record in inventory.connection_records(router) if router.connections else ():
+            if record["upstream"] is not None:
+                upstream[record["upstream"]] += 1
+        reader = getattr(router.backend, "group_reader", None)  # in front of a broker
+        if reader is not None:
+            upstream["open" if reader.connected else "opening"] += 1
+        records = self.stat()
+        destinations = list(self._destinations)
+        return Snapshot(
+            version=__version__,
+            proton=inventory.PROTON_VERSION,
+            python=platform.python_version(),
+            ready=self.readiness()[0],
+            connections=len(router.connections),
+            sessions=sessions,
+            links_in=links_in,
+            links_out=links_out,
+            upstream=dict(upstream),
+            messages_in=self._destinations.retired_in + sum(d.enqueued_total for d in destinations),
+            messages_out=self._destinations.retired_out + sum(d.delivered_total for d in destinations),
+            memory_bytes=memory.held,
+            memory_limit=memory.limit,
+            memory_over=memory.over,
+            destinations=records,
+            plugin_errors=dict(PLUGIN_ERRORS),
+        )

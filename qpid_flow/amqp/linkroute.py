@@ -1,0 +1,1064 @@
+"""In front of a broker: every client connection, session and link mirrored upstream.
+
+qpid-flow is transparent here except for credit and settlement, like a Qpid Dispatch link
+route with policies in the middle. Each client connection comes with an upstream
+connection of its own, opened with the client's identity (:mod:`qpid_flow.amqp.gate` did the
+SASL part); this handler opens it with the client's container id, hostname, properties and
+capabilities, and mirrors each session and link one to one with the complete attach. The
+client sees the broker's answers (open, begin, attach, outcomes, detach, end and close
+conditions) as the broker gave them, and whatever the broker does to one client reaches
+that client only.
+
+What the policies still decide, exactly as standalone:
+- a producer link's credit (never more than the broker gave the upstream link) and when a
+  transfer's outcome is settled back to it (flow control holds the broker's outcome while
+  the destination is stopped); transfers pass the ``qpid_flow_transfer_arrived`` hook;
+- anonymous-relay producers (null target): qpid-flow relays, with one upstream sender per
+  ``to`` address on the client's own upstream session;
+- a destination with ``shared_groups`` is read by one upstream receiver of qpid-flow's
+  own (:class:`~qpid_flow.amqp.upstream.GroupReader`) that pins groups; a consumer's right to
+  read it is checked first with a zero-credit attach on its own upstream connection.
+
+Depth is counted per destination as the broker dialect names it (``X``, ``/queue/X`` and
+``/amq/queue/X`` are one queue on RabbitMQ); exchange and topic addresses keep none.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from cproton import PN_RELEASED, pn_link_credit
+from proton import Array, Condition, Endpoint, Link, SymbolList, Terminus
+
+from qpid_flow import codec
+from qpid_flow.amqp.endpoints import (
+    DeliveryEvent,
+    LeanDelivery,
+    keep_link,
+    kept,
+    new_delivery,
+    send_transfer,
+    take_transfer,
+)
+from qpid_flow.amqp.guard import contain_errors
+from qpid_flow.amqp.outcomes import relay_state, remote_settlement
+from qpid_flow.amqp.router import ANONYMOUS_RELAY, Router, _connection_ids, user_of
+from qpid_flow.core.dialect import Dialect, Node, dialect_for
+from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.core.model import Consumer, Message, Outcome, Settlement
+
+if TYPE_CHECKING:
+    from proton import Connection, Event, Session
+
+    from qpid_flow.amqp.upstream import GroupReader
+    from qpid_flow.brokers import BrokerAddress
+    from qpid_flow.config import RouterConfig
+    from qpid_flow.core.backend import OutcomeCallback
+    from qpid_flow.core.destination import Destination
+    from qpid_flow.core.registry import Destinations
+    from qpid_flow.plugin.manager import Hooks
+
+__all__ = ["BrokerRouter"]
+
+_FORCED = "amqp:connection:forced"
+
+log = structlog.get_logger(__name__)
+
+_ACCEPTED = Settlement.accepted()
+_PROBE = "probe"  # an upstream receiver that only checks a grouped consumer's right to read
+
+
+class _Pair:
+    """A client connection and its upstream mirror."""
+
+    __slots__ = ("broker", "client", "id", "peer", "upstream")
+
+    def __init__(self, client: Connection, upstream: Connection, broker: BrokerAddress, peer: tuple[str, int]):
+        self.id = f"c{next(_connection_ids)}"
+        self.client = client
+        self.upstream = upstream
+        self.broker = broker
+        self.peer = peer
+
+
+_NODE_CACHE_SIZE = 4096
+
+
+class _UpstreamSender:
+    """An upstream sender that carries a producer's transfers, and what waits for it."""
+
+    __slots__ = ("address", "destination", "in_flight", "link", "pending")
+
+    def __init__(self, link: Link, address: str) -> None:
+        self.link = link
+        self.address = address
+        self.pending: deque[tuple[Message, OutcomeCallback]] = deque()
+        # Sent and waiting for the broker's outcome, by C delivery (see endpoints.py).
+        self.in_flight: dict[Any, tuple[Message, OutcomeCallback, LeanDelivery]] = {}
+
+
+class _ProducerRoute:
+    """A client's producer link: one upstream sender, or (anonymous relay) one per ``to``."""
+
+    __slots__ = ("client", "relays", "upstream")
+
+    def __init__(self, client: Link, upstream: _UpstreamSender | None) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.relays: dict[str, _UpstreamSender] = {}
+
+    def senders(self) -> list[_UpstreamSender]:
+        return [self.upstream] if self.upstream is not None else list(self.relays.values())
+
+
+class _ConsumerRoute:
+    """A client's consumer link and its upstream receiver: credit and outcomes pass through."""
+
+    __slots__ = ("client", "consumer", "delivered", "destination", "draining", "pending", "sent", "upstream")
+
+    def __init__(self, client: Link, upstream: Link, destination: Destination | None) -> None:
+        self.client = client
+        self.upstream = upstream
+        # Counted out of its depth when the client accepts or rejects (None: not a queue).
+        self.destination = destination
+        # The link as plugins see it, once the broker accepted it (None: not a queue).
+        self.consumer: Consumer | None = None
+        # From the broker, waiting for the client's credit (RabbitMQ sends beyond credit).
+        self.pending: deque[tuple[bytes, LeanDelivery]] = deque()
+        # Sent to the client, unsettled: client C delivery -> (client wrapper, upstream
+        # delivery, size, the message as plugins saw it or None when none listens)
+        self.sent: dict[Any, tuple[LeanDelivery, LeanDelivery, int, Message | None]] = {}
+        self.draining = False
+        self.delivered = 0  # messages sent to the client in all (qpid-flow stat links)
+
+    # What its destination reads of it (``MirroredConsumer``) when the broker's depth comes in.
+
+    @property
+    def held(self) -> int:
+        return len(self.pending) + len(self.sent)
+
+    @property
+    def broker_credit(self) -> int:
+        return int(pn_link_credit(self.upstream._impl))
+
+
+class _Backend:
+    """The router's backend in broker mode: producers go out on their own upstream links;
+    grouped destinations are fed by qpid-flow's own reader (``group_reader``)."""
+
+    def __init__(self, router: BrokerRouter, group_reader: GroupReader) -> None:
+        self._router = router
+        self.group_reader = group_reader
+
+    def writable(self, address: str | None) -> bool:
+        return True
+
+    def producer_attached(self, destination: Destination) -> None:
+        pass
+
+    def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
+        self._router.forward(destination, message, done)
+
+    def consumer_attached(self, destination: Destination) -> None:
+        self.group_reader.consumer_attached(destination)
+
+    def consumer_detached(self, destination: Destination) -> None:
+        self.group_reader.consumer_detached(destination)
+
+    def demand_changed(self, destination: Destination) -> None:
+        self.group_reader.demand_changed(destination)
+
+    def in_flight(self) -> int:
+        return self._router.in_flight()
+
+    def shutdown(self) -> None:
+        self.group_reader.shutdown()
+
+
+@contain_errors
+class BrokerRouter(Router):
+    """The Proton handler of both connections of every client pair (see the module doc)."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        hooks: Hooks,
+        destinations: Destinations,
+        group_reader: GroupReader,
+        memory: MemoryMeter | None = None,
+    ) -> None:
+        super().__init__(config, hooks, destinations, None, memory)  # type: ignore[arg-type]
+        self.backend = _Backend(self, group_reader)
+        self._dialect_setting = config.broker_dialect
+        self.dialect: Dialect | None = None
+        self._producer_routes: dict[int, _ProducerRoute] = {}  # by producer id
+        self._relay_tags = itertools.count(1)
+        # Address -> its node in the broker's dialect: asked for every message relayed.
+        self._nodes: dict[str, Node] = {}
+        self.pairs: set[_Pair] = set()
+        # Whether plugins want to hear of mirrored consumers' messages (the event log does):
+        # if none does, no Message is built for them.
+        self._observed = any(
+            hooks.listens(name) for name in ("message_enqueued", "message_delivered", "message_settled")
+        )
+        # Asks whether a broker accepts connections now (the gate's probe; None: assume so).
+        self.probe: Callable[[BrokerAddress, Callable[[bool], None]], None] | None = None
+
+    # --- pairs and connections --------------------------------------------------------------
+
+    def pair_opened(
+        self, client: Connection, upstream: Connection, broker: BrokerAddress, peer: tuple[str, int], user: str
+    ) -> None:
+        """The gate authenticated a client at the broker: mirror its connection from now on."""
+        pair = _Pair(client, upstream, broker, peer)
+        client.qf_user = user
+        client.qf_pair = pair
+        client.qf_id = pair.id
+        client.qf_remote = f"{peer[0]}:{peer[1]}"
+        upstream.qf_pair = pair
+        upstream.qf_upstream = True
+        self.pairs.add(pair)
+
+    def on_connection_remote_open(self, event: Event) -> None:
+        conn = event.connection
+        pair: _Pair | None = kept(conn, "qf_pair")
+        if pair is None:
+            return
+        if conn == pair.client:
+            if not self.admit_connection(conn):
+                self.pairs.discard(pair)
+                _close(pair.upstream, None)
+                return
+            # The client's open goes to the broker as the client gave it.
+            upstream = pair.upstream
+            upstream.container = conn.remote_container
+            upstream.hostname = conn.remote_hostname
+            upstream.properties = _relayable(conn.remote_properties)
+            upstream.offered_capabilities = _symbols(conn.remote_offered_capabilities)
+            desired = [c for c in _symbol_list(conn.remote_desired_capabilities) if c != ANONYMOUS_RELAY]
+            upstream.desired_capabilities = SymbolList(desired) if desired else None
+            # Each side asks for the keep-alive the other asked for, so a silent client is
+            # dropped when the broker would drop it, and the broker hears from us as often.
+            upstream.transport.idle_timeout = conn.transport.remote_idle_timeout
+            upstream.open()
+            return
+        if pair not in self.pairs:
+            # The client left (or was refused) while the broker was answering: its upstream
+            # connection is closing already. Registering the client now would keep it, its
+            # transport and buffers in ``connections`` for good, since its own events are
+            # over (found by the listener fuzzer: 31-37 KiB each, a quarter of its clients).
+            return
+        # The broker's open goes back to the client, plus the relay qpid-flow offers itself.
+        client = pair.client
+        if self.dialect is None:
+            properties = conn.remote_properties or {}
+            self.dialect = dialect_for(self._dialect_setting, _text(properties.get("product")))
+            self._nodes.clear()
+            log.info("broker_dialect", dialect=self.dialect.name)
+        client.container = conn.remote_container
+        client.properties = _relayable(conn.remote_properties)
+        offered = _symbol_list(conn.remote_offered_capabilities)
+        if ANONYMOUS_RELAY not in offered:
+            offered.append(ANONYMOUS_RELAY)
+        client.offered_capabilities = SymbolList(offered)
+        client.desired_capabilities = _symbols(conn.remote_desired_capabilities)
+        client.transport.idle_timeout = conn.transport.remote_idle_timeout
+        client.open()
+        self.connections.add(client)
+        client.qf_opened = time.time()
+        log.info(
+            "connection_opened",
+            connection=pair.id,
+            remote=f"{pair.peer[0]}:{pair.peer[1]}",
+            container=client.remote_container,
+            user=user_of(client),
+            broker=pair.broker.redacted,
+        )
+
+    def on_connection_local_close(self, event: Event) -> None:
+        """qpid-flow closed one side itself (shutdown, a contained error): the other follows."""
+        conn = event.connection
+        pair: _Pair | None = kept(conn, "qf_pair")
+        if pair is None:
+            return
+        if conn == pair.client:
+            self._client_gone(pair)
+            _close(pair.upstream, None)
+        elif not pair.client.state & Endpoint.LOCAL_CLOSED:
+            self._close_client(pair, conn.condition, "closed_by_qpid_flow")
+
+    def on_connection_remote_close(self, event: Event) -> None:
+        conn = event.connection
+        pair: _Pair | None = kept(conn, "qf_pair")
+        if pair is None:
+            return
+        condition = conn.remote_condition
+        if conn == pair.upstream:
+            self._close_client(pair, condition, "closed_by_broker")
+            _close(conn, None)
+        else:
+            self._client_gone(pair)
+            _close(conn, None)  # first: closing the upstream side then finds it closed
+            _close(pair.upstream, condition)
+
+    def on_transport_closed(self, event: Event) -> None:
+        conn = event.connection
+        pair: _Pair | None = kept(conn, "qf_pair") if conn is not None else None
+        if pair is None:
+            return
+        if conn == pair.upstream:
+            if not pair.client.state & Endpoint.LOCAL_CLOSED:
+                self._upstream_dropped(pair)
+        else:
+            self._client_gone(pair)
+            _close(pair.upstream, None)
+        _forget_endpoints(conn)
+
+    def _close_client(self, pair: _Pair, condition: Condition | None, reason: str) -> None:
+        client = pair.client
+        if client.state & Endpoint.LOCAL_CLOSED:
+            return
+        log.info(
+            "connection_closed_upstream",
+            connection=pair.id,
+            reason=reason,
+            condition=condition.name if condition else None,
+            description=condition.description if condition else None,
+        )
+        self._client_gone(pair)
+        if client.state & Endpoint.LOCAL_UNINIT:
+            client.open()  # a close needs an open before it, even for a refusal
+        client.condition = condition
+        client.close()
+
+    def _upstream_dropped(self, pair: _Pair) -> None:
+        """The broker connection ended without a close. Either the broker dropped that one
+        connection (RabbitMQ does, for a message it cannot take): the client's connection
+        is dropped the same way, as it would have been directly; or the broker is gone: the
+        client is told with amqp:connection:forced. Either way its own reconnect takes
+        over. Which of the two, a connect to the broker tells."""
+        self._client_gone(pair)
+        if self.probe is None:
+            self._drop_client(pair, True)
+            return
+        self.probe(pair.broker, lambda reachable: self._drop_client(pair, reachable))
+
+    def _drop_client(self, pair: _Pair, broker_reachable: bool) -> None:
+        client = pair.client
+        if client.state & Endpoint.LOCAL_CLOSED:
+            return
+        if not broker_reachable:
+            self._close_client(pair, Condition(_FORCED, "the broker connection was lost"), "broker_lost")
+            return
+        log.info("connection_dropped_upstream", connection=pair.id, broker=pair.broker.redacted)
+        transport = client.transport
+        if transport is not None:
+            transport.close_tail()
+            transport.close_head()
+
+    def _pair_alive(self, conn: Connection) -> bool:
+        """Whether the client of ``conn``'s pair is still served. A broker's answer (open,
+        begin, attach) may arrive after the client left: then nothing may be registered for
+        it (a producer, a consumer), since no event of the client would remove it again."""
+        pair: _Pair | None = kept(conn, "qf_pair")
+        return pair is not None and pair in self.pairs
+
+    def _client_gone(self, pair: _Pair) -> None:
+        if pair in self.pairs:
+            self.pairs.discard(pair)
+            client = pair.client
+            if client not in self.connections and kept(client, "qf_admitted"):
+                # Counted in at its open, gone before the broker's open made it one of
+                # ``connections``: _connection_gone would skip it, and its place under
+                # max_connections would never be given back.
+                client.qf_admitted = False
+                self.limits.release(user_of(client))
+            self._connection_gone(client)
+
+    # --- sessions -------------------------------------------------------------------------
+
+    def on_session_remote_open(self, event: Event) -> None:
+        session = event.session
+        pair: _Pair | None = kept(session.connection, "qf_pair")
+        if pair is None:
+            return
+        peer: Session | None = kept(session, "qf_peer")
+        if peer is None:
+            if session.connection == pair.client:
+                if self.refuse_session_over_limit(session):
+                    return
+                peer = pair.upstream.session()
+                peer.incoming_capacity = session.incoming_capacity
+                peer.qf_peer = session
+                session.qf_peer = peer
+                peer.open()
+            return
+        if not self._pair_alive(session.connection):
+            return  # the client left meanwhile: no relay links for it (see _pair_alive)
+        if peer.state & Endpoint.LOCAL_UNINIT:
+            peer.open()  # the broker began the client's session
+            # Links qpid-flow answers itself waited for it: Proton sends no attach on a
+            # session not begun, and does not try again later.
+            for link in kept(peer, "qf_waiting") or ():
+                self._open_relay(link)
+            peer.qf_waiting = None
+
+    def on_session_remote_close(self, event: Event) -> None:
+        """As links: the other side is told, and this side answered when it answers."""
+        session = event.session
+        peer: Session | None = kept(session, "qf_peer")
+        self._links_of_session_gone(session)
+        if peer is None or peer.state & Endpoint.LOCAL_CLOSED:
+            if session.state & Endpoint.LOCAL_ACTIVE:
+                session.close()
+            return
+        self._links_of_session_gone(peer)
+        if peer.state & Endpoint.LOCAL_UNINIT:
+            peer.open()
+        peer.condition = session.remote_condition
+        peer.close()
+        pair: _Pair | None = kept(session.connection, "qf_pair")
+        if pair is not None and session.connection == pair.upstream and session.remote_condition is not None:
+            log.info(
+                "session_ended_by_broker",
+                connection=pair.id,
+                condition=session.remote_condition.name,
+                description=session.remote_condition.description,
+            )
+
+    def _links_of_session_gone(self, session: Session) -> None:
+        link = session.connection.link_head(0)
+        while link is not None:
+            if link.session == session:
+                self._link_gone(link)
+            link = link.next(0)
+
+    # --- links: attach ----------------------------------------------------------------------
+
+    def on_link_remote_open(self, event: Event) -> None:
+        link = event.link
+        if kept(link.connection, "qf_upstream"):
+            link.qf_upstream = True  # before any flow or transfer of the broker's on it
+            self._broker_answered(link)
+        elif not link.state & Endpoint.LOCAL_UNINIT or link.session.state & Endpoint.LOCAL_CLOSED:
+            return  # answered already, or on a session qpid-flow refused (its end answers it)
+        elif self.refuse_link_over_limit(link):
+            return
+        elif link.is_receiver:
+            self._attach_producer(link)
+        else:
+            self._attach_consumer(link)
+
+    def _mirror(self, link: Link, kind: str | None = None) -> Link:
+        """Attach upstream what the client attached, in full: the broker answers it."""
+        session: Session = kept(link.session, "qf_peer")
+        upstream = session.receiver(link.name) if link.is_sender else session.sender(link.name)
+        upstream.source.copy(link.remote_source)
+        upstream.target.copy(link.remote_target)
+        upstream.snd_settle_mode = link.remote_snd_settle_mode
+        upstream.rcv_settle_mode = link.remote_rcv_settle_mode
+        if link.remote_max_message_size:
+            upstream.max_message_size = link.remote_max_message_size
+        properties = _relayable(link.remote_properties)
+        if properties:
+            upstream.properties = properties
+        upstream.qf_peer = link
+        upstream.qf_kind = kind
+        upstream.qf_upstream = True
+        link.qf_peer = upstream
+        keep_link(upstream)
+        keep_link(link)
+        upstream.open()
+        return upstream
+
+    def _attach_producer(self, link: Link) -> None:
+        target = link.remote_target
+        if target.address and self.refuse_unauthorized_link(link, "send", target.address):
+            return
+        if target.type == Terminus.COORDINATOR or target.address:
+            self._mirror(link)  # transactions: the broker's to answer; policies stay out
+            return
+        # Anonymous relay: qpid-flow answers itself and relays per ``to``.
+        if not link.session.state & Endpoint.LOCAL_ACTIVE:
+            waiting = kept(link.session, "qf_waiting")
+            if waiting is None:
+                waiting = link.session.qf_waiting = []
+            waiting.append(link)
+            return
+        self._open_relay(link)
+
+    def _open_relay(self, link: Link) -> None:
+        self._open_producer(link)
+        producer = self._start_producer(link, None, grant=False)
+        self._producer_routes[producer.id] = _ProducerRoute(link, None)
+        self._grant(producer, link)
+
+    def _attach_consumer(self, link: Link) -> None:
+        source = link.remote_source
+        if source.address and not source.dynamic and self.refuse_unauthorized_link(link, "receive", source.address):
+            return
+        destination = None
+        if source.address and not source.dynamic:
+            node = self._node(source.address)
+            if node.is_queue:
+                destination = self.destinations.get(node.name)
+        grouped = destination is not None and destination.policy.shared_groups
+        upstream = self._mirror(link, _PROBE if grouped else None)
+        if not grouped:
+            link.qf_route = upstream.qf_route = _ConsumerRoute(link, upstream, destination)
+
+    def _broker_answered(self, upstream: Link) -> None:
+        """The broker's attach: the client gets it as it came; then traffic may start."""
+        client: Link | None = kept(upstream, "qf_peer")
+        if client is None or not client.state & Endpoint.LOCAL_UNINIT or not self._pair_alive(upstream.connection):
+            return
+        client.source.copy(upstream.remote_source)
+        client.target.copy(upstream.remote_target)
+        client.snd_settle_mode = upstream.remote_snd_settle_mode
+        client.rcv_settle_mode = upstream.remote_rcv_settle_mode
+        limit = upstream.remote_max_message_size
+        if client.is_receiver and self.config.max_message_size:
+            limit = min(limit, self.config.max_message_size) if limit else self.config.max_message_size
+        if limit:
+            client.max_message_size = limit
+        if upstream.remote_properties:
+            client.properties = _relayable(upstream.remote_properties)
+        client.open()
+        answered = upstream.remote_target if upstream.is_sender else upstream.remote_source
+        if answered.type == Terminus.UNSPECIFIED:
+            return  # the broker's detach, with its reason, follows
+        if client.is_receiver:
+            target = upstream.remote_target
+            if target.type == Terminus.COORDINATOR:
+                client.flow(max(pn_link_credit(upstream._impl), 0))
+                return
+            destination = self.destination_for(client.remote_target.address)
+            if destination is None:  # auto_create = false and no policy names it
+                address = client.remote_target.address
+                self._end_pair(client, upstream, Condition("amqp:not-found", f"no destination {address!r}"))
+                return
+            producer = self._start_producer(client, destination, grant=False)
+            sender = _UpstreamSender(upstream, client.remote_target.address)
+            upstream.qf_sender = sender
+            self._producer_routes[producer.id] = _ProducerRoute(client, sender)
+            self._grant(producer, client)  # none until the broker gives the upstream link some
+        elif kept(upstream, "qf_kind") == _PROBE:
+            destination = self.destination_for(client.remote_source.address)
+            if destination is not None:
+                consumer = self._start_consumer(client, destination)
+                # Credit the client gave while the broker was answering the probe.
+                destination.credit_changed(consumer, pn_link_credit(client._impl))
+                self.backend.demand_changed(destination)
+        else:
+            route: _ConsumerRoute | None = kept(client, "qf_route")
+            if route is None:
+                return  # the client went away while the broker was answering
+            if route.destination is not None:
+                route.consumer = Consumer(
+                    route.destination.address,
+                    _not_dispatched,
+                    client.snd_settle_mode == Link.SND_SETTLED,
+                    name=client.name,
+                    connection_id=client.connection.qf_id,
+                )
+                route.destination.mirrored.add(route)
+            self._consumer_credit(route)
+
+    def _end_pair(self, client: Link, upstream: Link, condition: Condition) -> None:
+        """Refuse a link the broker accepted: the client gets ``condition``, the broker a detach."""
+        client.condition = condition
+        client.close()
+        upstream.close()
+        log.info("link_refused", link=client.name, condition=condition.name, description=condition.description)
+
+    # --- links: detach ----------------------------------------------------------------------
+
+    def on_link_remote_close(self, event: Event) -> None:
+        self._link_ended(event.link, closed=True)
+
+    def on_link_remote_detach(self, event: Event) -> None:
+        self._link_ended(event.link, closed=False)
+
+    def _link_ended(self, link: Link, closed: bool) -> None:
+        """One side detached or closed a link: the other side is told, and this side is
+        answered when the other answers, with its mode (detach or close) and condition, as
+        the client would have been answered directly."""
+        peer: Link | None = kept(link, "qf_peer")
+        from_broker = bool(kept(link.connection, "qf_upstream"))
+        if from_broker and peer is None:
+            self._relay_sender_ended(link, closed)
+        self._link_gone(link)
+        if peer is None or peer.state & Endpoint.LOCAL_CLOSED:
+            # Nothing mirrored (a relay link), or this is the answer to our own end.
+            if link.state & Endpoint.LOCAL_ACTIVE:
+                link.close() if closed else link.detach()
+            return
+        self._link_gone(peer)
+        if peer.state & Endpoint.LOCAL_UNINIT:
+            peer.open()
+        peer.condition = link.remote_condition
+        peer.close() if closed else peer.detach()
+        if from_broker and link.remote_condition is not None:
+            log.info(
+                "link_closed_by_broker",
+                connection=kept(link.connection, "qf_pair").id,
+                link=link.name,
+                condition=link.remote_condition.name,
+                description=link.remote_condition.description,
+            )
+
+    def _link_gone(self, link: Link) -> None:
+        """Forget a link of either side (idempotent)."""
+        producer = kept(link, "qf_producer")
+        if producer is not None:
+            route = self._producer_routes.pop(producer.id, None)
+            if route is not None:
+                self._producer_route_gone(route)
+        route = kept(link, "qf_route")
+        if route is not None:
+            link.qf_route = None
+            self._consumer_route_gone(route)
+        super()._link_gone(link)
+
+    def _producer_route_gone(self, route: _ProducerRoute) -> None:
+        """The client's producer link went: its transfers get no answer now; detach upstream."""
+        for sender in route.senders():
+            self._fail_sender(sender, None)
+            if sender.link.state & Endpoint.LOCAL_ACTIVE and route.upstream is None:
+                sender.link.detach()
+
+    def _fail_sender(self, sender: _UpstreamSender, settlement: Settlement | None) -> None:
+        """Outcomes for everything an upstream sender still carries (None: nobody to tell)."""
+        waiting = [(message, done) for message, done, _ in sender.in_flight.values()]
+        waiting.extend(sender.pending)
+        sender.in_flight.clear()
+        sender.pending.clear()
+        failed = settlement or Settlement.released()
+        for message, done in waiting:
+            if settlement is None:
+                message.origin = None  # its client link is gone
+            done(message, failed)
+
+    def _relay_sender_ended(self, link: Link, closed: bool) -> None:
+        """The broker ended an upstream sender of an anonymous-relay producer."""
+        sender: _UpstreamSender | None = kept(link, "qf_sender")
+        if sender is None:
+            return
+        for route in self._producer_routes.values():
+            if route.relays.get(sender.address) is sender:
+                del route.relays[sender.address]
+        condition = link.remote_condition
+        self._fail_sender(
+            sender,
+            Settlement(
+                Outcome.REJECTED,
+                condition.name if condition else "amqp:not-found",
+                condition.description if condition else f"the broker detached the link to {sender.address!r}",
+            ),
+        )
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.close() if closed else link.detach()
+
+    def _consumer_route_gone(self, route: _ConsumerRoute) -> None:
+        if route.consumer is not None and route.destination is not None:
+            route.destination.mirrored.discard(route)
+            route.consumer = None
+        route.sent.clear()  # unsettled upstream: the broker gets them back on detach
+        self._release_pending(route)
+
+    @staticmethod
+    def _release_pending(route: _ConsumerRoute) -> None:
+        while route.pending:
+            _data, delivery = route.pending.popleft()
+            if not delivery.settled:
+                delivery.settle_as(PN_RELEASED)
+
+    # --- producers ------------------------------------------------------------------------
+
+    def acl_name(self, address: str) -> str:
+        node = self._node(address)
+        return node.name if node.is_queue else address  # /queue/x and x are one queue
+
+    def destination_for(self, address: str) -> Destination | None:
+        return self.destinations.get(self._node(address).name)
+
+    def _node(self, address: str) -> Node:
+        node = self._nodes.get(address)
+        if node is None:
+            dialect = self.dialect
+            node = dialect.node(address) if dialect is not None else Node(address, True)
+            if len(self._nodes) >= _NODE_CACHE_SIZE:
+                self._nodes.clear()  # one-off addresses must not pile up
+            self._nodes[address] = node
+        return node
+
+    def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
+        """Send an admitted transfer on its producer's upstream link (see _Backend)."""
+        route = self._producer_routes.get(message.producer_id)  # type: ignore[arg-type]
+        if route is None:
+            # Its upstream is gone (the broker connection ended; the client's is about to
+            # be closed or dropped): no outcome, as the broker's loss would give none
+            # directly, so that the client resends it. Released would be taken as final.
+            message.origin = None
+            done(message, Settlement.released())
+            return
+        sender = route.upstream
+        if sender is None:
+            address = codec.to_address(message.data) or destination.address
+            sender = route.relays.get(address)
+            if sender is None:
+                sender = route.relays[address] = self._relay_sender(route.client, address)
+        counted = self._node(sender.address).is_queue
+        if counted:
+            # It counts in the destination's depth from now on: it is on its way to the broker.
+            destination.count_in(message)
+        destination.in_flight += 1
+        self.memory.add(message.size)
+
+        def outcome(message: Message, settlement: Settlement) -> None:
+            destination.in_flight -= 1
+            self.memory.sub(message.size)
+            if counted and settlement.outcome is not Outcome.ACCEPTED:
+                destination.count_out(message)  # the broker did not take it
+            done(message, settlement)
+
+        sender.pending.append((message, outcome))
+        self._pump(sender)
+
+    def _relay_sender(self, client: Link, address: str) -> _UpstreamSender:
+        session: Session = kept(client.session, "qf_peer")
+        link = session.sender(f"{client.name}->{address}#{next(self._relay_tags)}")
+        link.target.address = address
+        link.snd_settle_mode = client.remote_snd_settle_mode
+        keep_link(link)
+        sender = _UpstreamSender(link, address)
+        link.qf_sender = sender
+        link.qf_upstream = True
+        link.open()
+        return sender
+
+    def _pump(self, sender: _UpstreamSender) -> None:
+        link = sender.link
+        pending = sender.pending
+        while pending and pn_link_credit(link._impl) > 0:
+            message, done = pending.popleft()
+            delivery = new_delivery(link, next(self._tags))
+            send_transfer(link, message.data)
+            if message.origin is None:
+                delivery.settle()  # pre-settled by its producer: so it goes on
+                done(message, _ACCEPTED)
+            else:
+                sender.in_flight[delivery._impl] = (message, done, delivery)
+
+    def _grant(self, producer: Any, link: Link, ask: bool = True) -> None:
+        """As standalone, but never more than the broker gave the upstream link."""
+        route = self._producer_routes.get(producer.id)
+        if route is None or route.upstream is None:
+            super()._grant(producer, link, ask)
+            return
+        if not self.accepting:
+            return
+        sender = route.upstream
+        held = pn_link_credit(link._impl)
+        room = pn_link_credit(sender.link._impl) - len(sender.pending) - held
+        if room <= 0:
+            return
+        producer.credit = held
+        if not ask and held * 2 > producer.last_grant:
+            return
+        destination = self.destinations.find(producer.address) if producer.address else None
+        credit = self.hooks.producer_credit(producer=producer, destination=destination)
+        if credit:
+            credit = min(credit, room)
+            link.flow(credit)
+            producer.credit += credit
+            producer.last_grant = producer.credit
+
+    def in_flight(self) -> int:
+        return sum(
+            len(sender.in_flight) + len(sender.pending)
+            for route in self._producer_routes.values()
+            for sender in route.senders()
+        )
+
+    # --- data path ------------------------------------------------------------------------
+
+    def on_link_flow(self, event: Any) -> None:
+        link = event.link
+        if kept(link, "qf_upstream"):
+            sender: _UpstreamSender | None = kept(link, "qf_sender")
+            if sender is not None:
+                self._pump(sender)
+                client: Link | None = kept(link, "qf_peer")
+                producer = kept(client, "qf_producer") if client is not None else None
+                if producer is not None and client is not None:
+                    self._grant(producer, client)
+                return
+            peer: Link | None = kept(link, "qf_peer")
+            if peer is None:
+                return
+            if link.is_sender and peer.remote_target.type == Terminus.COORDINATOR:
+                room = pn_link_credit(link._impl) - pn_link_credit(peer._impl)
+                if room > 0:
+                    peer.flow(room)
+                return
+            route: _ConsumerRoute | None = kept(link, "qf_route")
+            if route is not None:
+                self._upstream_credit_changed(route)
+            return
+        route = kept(link, "qf_route")
+        if route is not None:
+            self._consumer_credit(route)
+            return
+        super().on_link_flow(event)
+
+    def _consumer_credit(self, route: _ConsumerRoute | None) -> None:
+        """The client's credit changed: the broker gets what the client gave, less what
+        waits here already; a drain goes upstream too."""
+        if route is None:
+            return
+        self._send_pending(route)
+        client = route.client
+        upstream = route.upstream
+        missing = pn_link_credit(client._impl) - len(route.pending) - pn_link_credit(upstream._impl)
+        if client.drain_mode and not route.draining:
+            route.draining = True
+            upstream.drain(max(missing, 0))
+        elif missing > 0:
+            upstream.flow(missing)
+        self._upstream_credit_changed(route)
+
+    def _upstream_credit_changed(self, route: _ConsumerRoute) -> None:
+        """A drain is answered once the broker has used or given back all its credit."""
+        if route.draining and not route.pending and pn_link_credit(route.upstream._impl) <= 0:
+            route.draining = False
+            route.upstream.drain_mode = False
+            if route.client.drain_mode:
+                route.client.drained()
+
+    def on_delivery(self, event: DeliveryEvent) -> None:
+        link = event.link
+        # The link's own mark, not its connection's: reaching the connection from a link
+        # builds two Proton wrappers, and this runs for every delivery event.
+        if kept(link, "qf_upstream"):
+            if link.is_sender:
+                self._broker_outcome(link, event)
+            else:
+                self._from_broker(link, event.delivery)
+            return
+        route: _ConsumerRoute | None = kept(link, "qf_route")
+        if route is not None:
+            self._client_outcome(route, event)
+            return
+        if link.is_receiver and kept(link, "qf_producer") is None:
+            peer: Link | None = kept(link, "qf_peer")
+            if peer is not None:
+                self._relay_coordinator(link, peer, event.delivery)
+                return
+        super().on_delivery(event)
+
+    def _broker_outcome(self, link: Link, event: DeliveryEvent) -> None:
+        sender: _UpstreamSender | None = kept(link, "qf_sender")
+        if sender is None:
+            # A coordinator link: the broker's states (declared, discharged) go back as they came.
+            sent = kept(link, "qf_coordinator")
+            if sent is not None and event.impl in sent:
+                upstream, client_delivery = sent[event.impl]
+                relay_state(upstream, client_delivery)
+                if upstream.settled:
+                    del sent[event.impl]
+            return
+        found = sender.in_flight.get(event.impl)
+        if found is None:
+            return
+        message, done, delivery = found
+        settlement = remote_settlement(delivery)
+        if settlement is None:
+            return
+        del sender.in_flight[event.impl]
+        delivery.settle()
+        done(message, settlement)
+
+    def _from_broker(self, link: Link, delivery: LeanDelivery) -> None:
+        if delivery.aborted:
+            delivery.settle()
+            return
+        if not delivery.readable or delivery.partial:
+            return
+        data = take_transfer(link, delivery.pending)
+        route: _ConsumerRoute | None = kept(link, "qf_route")
+        if route is None:
+            delivery.settle_as(PN_RELEASED)
+            return
+        route.pending.append((data, delivery))
+        self._send_pending(route)
+        self._upstream_credit_changed(route)
+
+    def _send_pending(self, route: _ConsumerRoute) -> None:
+        client = route.client
+        pending = route.pending
+        observed = self._observed
+        while pending and pn_link_credit(client._impl) > 0:
+            data, upstream = pending.popleft()
+            route.delivered += 1
+            if route.destination is not None:
+                route.destination.delivered_total += 1
+            delivery = new_delivery(client, next(self._tags))
+            send_transfer(client, data)
+            message = self._observe_delivery(route, data) if observed else None
+            if upstream.settled:
+                delivery.settle()  # the broker sent it settled: at-most-once, end to end
+                upstream.settle()
+                self._counted_out(route, len(data), message, _ACCEPTED)
+            else:
+                route.sent[delivery._impl] = (delivery, upstream, len(data), message)
+
+    def _observe_delivery(self, route: _ConsumerRoute, data: bytes) -> Message | None:
+        """Tell plugins (the event log) what a mirrored consumer got, as a queue would."""
+        destination = route.destination
+        consumer = route.consumer
+        if destination is None or consumer is None:
+            return None
+        message = Message(data, destination.address)
+        self.hooks.message_enqueued(destination=destination, message=message)
+        self.hooks.message_delivered(destination=destination, message=message, consumer=consumer)
+        return message
+
+    def _client_outcome(self, route: _ConsumerRoute, event: DeliveryEvent) -> None:
+        entry = route.sent.get(event.impl)
+        if entry is None:
+            return
+        delivery, upstream, size, message = entry
+        settlement = relay_state(delivery, upstream)
+        if delivery.settled:
+            del route.sent[event.impl]
+            delivery.settle()
+            if settlement is not None:
+                self._counted_out(route, size, message, settlement)
+
+    def _counted_out(self, route: _ConsumerRoute, size: int, message: Message | None, settlement: Settlement) -> None:
+        """A mirrored consumer settled a message: it leaves the queue's depth (accepted,
+        rejected) or goes back to the broker (released, modified)."""
+        destination = route.destination
+        if destination is None:
+            return
+        destination.count_settled(settlement.outcome)
+        if destination.depth and settlement.outcome.removes_message:
+            destination.count_out(_Sized(size))  # type: ignore[arg-type]
+        if message is not None:
+            self.hooks.message_settled(
+                destination=destination, message=message, consumer=route.consumer, settlement=settlement
+            )
+
+    def _relay_coordinator(self, link: Link, upstream: Link, delivery: LeanDelivery) -> None:
+        """A transaction coordinator's transfer (declare, discharge) goes to the broker as is."""
+        if delivery.aborted:
+            delivery.settle()
+            return
+        if not delivery.readable or delivery.partial:
+            return
+        data = take_transfer(link, delivery.pending)
+        sent = new_delivery(upstream, next(self._tags))
+        send_transfer(upstream, data)
+        states = kept(upstream, "qf_coordinator")
+        if states is None:
+            states = upstream.qf_coordinator = {}
+        states[sent._impl] = (sent, delivery)
+
+    # --- shutdown -------------------------------------------------------------------------
+
+    def close_connections(self, description: str) -> None:
+        for pair in list(self.pairs):
+            _close(pair.upstream, None)
+        super().close_connections(description)
+
+
+class _Sized:
+    """What ``Destination.count_out`` reads of a message counted out by size alone."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+_KEPT = ("qf_peer", "qf_route", "qf_sender", "qf_producer", "qf_consumer", "qf_kind", "qf_coordinator", "qf_waiting")
+
+
+def _forget_endpoints(conn: Connection) -> None:
+    """Drop what qpid-flow kept on a connection whose transport has ended (it has no more
+    events), and on its sessions and links.
+
+    The two ends of a pair refer to each other through Proton's records (a link's peer,
+    the pair of a connection): cycles through C objects that Python's collector cannot
+    see, which would keep every closed pair in memory."""
+    link = conn.link_head(0)
+    while link is not None:
+        for name in _KEPT:
+            if kept(link, name) is not None:
+                setattr(link, name, None)
+        link = link.next(0)
+    session = conn.session_head(0)
+    while session is not None:
+        for name in ("qf_peer", "qf_waiting"):
+            if kept(session, name) is not None:
+                setattr(session, name, None)
+        session = session.next(0)
+    conn.qf_pair = None
+
+
+def _not_dispatched(_consumer: Consumer, _message: Message) -> None:
+    """A mirrored consumer's messages come from the broker, never from a destination."""
+    raise AssertionError("a mirrored consumer was handed a message by its destination")
+
+
+def _close(endpoint: Any, condition: Condition | None) -> None:
+    if endpoint.state & Endpoint.LOCAL_CLOSED:
+        return
+    if endpoint.state & Endpoint.LOCAL_UNINIT:
+        endpoint.open()
+    if condition is not None:
+        endpoint.condition = condition
+    endpoint.close()
+
+
+def _relayable(properties: Any) -> Any:
+    """Connection or link properties as they can be encoded again for the other side; None
+    when they hold an array. Proton decodes a malformed array (one that lies about its
+    count) into an object whose encoding crashes the process (found by fuzzing), and a
+    well-formed array in properties is rare enough to leave behind."""
+    return None if _holds_array(properties) else properties
+
+
+def _holds_array(value: Any) -> bool:
+    if isinstance(value, Array):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_array(k) or _holds_array(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_array(v) for v in value)
+    described = getattr(value, "value", None)
+    return described is not None and described is not value and _holds_array(described)
+
+
+def _symbol_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    elements = getattr(value, "elements", None)  # proton.Array
+    return [str(v) for v in (elements if elements is not None else value)]
+
+
+def _symbols(value: Any) -> SymbolList | None:
+    symbols = _symbol_list(value)
+    return SymbolList(symbols) if symbols else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,333 @@
+"""The reactor, tuned for relaying: fewer Python objects and updates per message.
+
+Proton's Python reactor wraps every engine event in a Python ``Event`` (and its context
+objects), resolves its handler through link, session and connection, offers it to the
+global I/O handler as well, and re-computes a connection's socket interest on every
+``PN_TRANSPORT`` event, of which Proton emits one for almost every change to a delivery.
+A relayed message makes about six deliveries events and six transport events: that
+machinery cost more than qpid-flow's own work. At low rates the cost of each turn of the
+loop matters most: a message takes three or four turns of its own.
+
+- :class:`BatchingIOHandler` notes which transports changed and updates each once per
+  turn of the reactor, when no other event is left (only the state at ``select()``
+  matters); it writes pending output at once rather than a turn later, and serves the
+  sockets ``select()`` reports in the turn itself rather than through a posted event each.
+- :class:`RelayContainer` hands ``PN_DELIVERY`` and ``PN_LINK_FLOW`` straight to the
+  handler of their connection and ``PN_TRANSPORT`` to the batching handler, from the raw
+  engine event; every other event is dispatched the usual way. A turn ends without a
+  posted ``reactor_quiesced`` event and without returning to ``Container.run``.
+- Deliveries, links and transfers are handled lean (:mod:`qpid_flow.amqp.endpoints`), and the
+  sockets wait in ``epoll`` (:mod:`qpid_flow.amqp.epoll`).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+from cproton import (
+    PN_CONNECTION_FINAL,
+    PN_CONNECTION_UNBOUND,
+    PN_DELIVERY,
+    PN_EOS,
+    PN_LINK_FLOW,
+    PN_TRANSPORT,
+    ffi,
+    pn_collector_more,
+    pn_collector_peek,
+    pn_collector_pop,
+    pn_delivery_link,
+    pn_event_connection,
+    pn_event_delivery,
+    pn_event_link,
+    pn_event_transport,
+    pn_event_type,
+    pn_link_session,
+    pn_session_connection,
+    pn_transport_capacity,
+    pn_transport_pending,
+    pn_transport_pop,
+    pn_transport_tick,
+)
+from proton import Event, Transport
+from proton._selectable import Selectable
+from proton.handlers import IOHandler
+from proton.reactor import Container
+
+from qpid_flow.amqp.endpoints import DeliveryEvent, LinkFlowEvent, kept
+from qpid_flow.amqp.epoll import EpollSelector
+
+__all__ = [
+    "BatchingIOHandler",
+    "RelayContainer",
+]
+
+log = logging.getLogger(__name__)
+
+
+_QUIESCED = Event.REACTOR_QUIESCED.number
+_NULL = ffi.NULL  # compared in C; cproton.isnull is a Python function, called per event
+
+
+def _only_quiesced_left(collector: Any) -> bool:
+    """Proton's ``reactor.quiesced`` without wrapping the head event in Python objects."""
+    head = pn_collector_peek(collector)
+    if head == _NULL:
+        return True
+    return not pn_collector_more(collector) and pn_event_type(head) == _QUIESCED
+
+
+class _SelectableEvent:
+    """What Proton's I/O error handler reads from its event: the selectable."""
+
+    __slots__ = ("selectable",)
+
+    def __init__(self, selectable: Selectable) -> None:
+        self.selectable = selectable
+
+
+class BatchingIOHandler(IOHandler):
+    def __init__(self) -> None:
+        super().__init__()
+        self._selector: EpollSelector = EpollSelector()
+        # Keyed by the C pointer itself: cffi pointers hash and compare by address, and
+        # that is cheaper than converting them to ints.
+        self._dirty: dict[Any, Any] = {}
+        # Transport wrappers that connections' selectables hold, by C pointer. Weak: an
+        # entry goes when its selectable lets go (the transport closed).
+        self._transports: weakref.WeakValueDictionary[Any, Transport] = weakref.WeakValueDictionary()
+
+    def on_transport(self, event: Any) -> None:
+        transport = event.transport
+        self._dirty[transport._impl] = transport
+
+    def mark_dirty(self, transport_impl: Any) -> None:
+        """The same, from a raw transport pointer."""
+        if transport_impl in self._dirty:
+            return
+        transport = self._transports.get(transport_impl)
+        if transport is None:
+            transport = Transport.wrap(transport_impl)
+            selectable = kept(transport, "_selectable")
+            if selectable is not None and selectable._transport is not None:
+                # Reuse the wrapper the connection's selectable holds, for as long as it
+                # holds it, rather than wrapping the transport again every turn.
+                transport = selectable._transport
+                self._transports[transport_impl] = transport
+        self._dirty[transport_impl] = transport
+
+    def update(self, transport: Any, selectable: Any, now: float) -> None:
+        """Proton's update, telling the selector directly, and only when what it uses changed.
+
+        Proton posts a ``selectable_updated`` event for every update, which costs a trip
+        through the generic dispatch and a walk of every connection's deadline. The
+        transport is asked through Proton's C functions directly: its Python methods add
+        two calls each, and this runs for every transport that changed, every turn."""
+        impl = transport._impl
+        capacity = pn_transport_capacity(impl)
+        pending = pn_transport_pending(impl)
+        if capacity < PN_EOS or pending < PN_EOS:
+            IOHandler.update(transport, selectable, now)  # an error: the transport is closing
+            return
+        if capacity == PN_EOS and pending == 0:
+            # Proton reads no more and has nothing left to send. After a close that is the
+            # end (the handlers of this turn already answered it); after input Proton could
+            # not decode (a frame body that is a lone descriptor byte, found by fuzzing) it
+            # stops reading without an error, and nothing would ever end the connection:
+            # its socket would stay half-closed for good. End it here.
+            transport.close_head()
+            IOHandler.update(transport, selectable, now)
+            return
+        reading = capacity > 0
+        writing = pending > 0
+        tick = pn_transport_tick(impl, int(now * 1000))
+        later = tick / 1000 if tick else 0
+        earlier = selectable._deadline
+        same_interest = selectable.reading == reading and selectable.writing == writing
+        if same_interest and (later == earlier or (earlier and (not later or later >= earlier))):
+            selectable._deadline = later
+            return  # same interest, and the selector already wakes no later than needed
+        selectable.reading = reading
+        selectable.writing = writing
+        selectable._deadline = later
+        self._selector.interest(selectable)
+        # The selector's deadline is already no later than every other connection's.
+        self._selector.lower_deadline(later)
+
+    def _flush(self, transport: Any, selectable: Any) -> None:
+        """Write what the transport has to send now, instead of waiting a turn for
+        ``select()`` to say the socket is writable: it almost always is, and a turn of the
+        reactor costs more than the write."""
+        impl = transport._impl
+        pending = pn_transport_pending(impl)
+        if pending <= 0:
+            return  # nothing, or closing: the update that follows handles it
+        try:
+            sent = selectable._delegate.send(transport.peek(pending))
+        except BlockingIOError:
+            return  # the socket buffer is full: select() will say when it drains
+        except OSError as error:
+            log.error("Couldn't send: %r", error)
+            transport.close_head()
+            return
+        pn_transport_pop(impl, sent)
+
+    def _read(self, transport: Any, selectable: Any) -> None:
+        capacity = pn_transport_capacity(transport._impl)
+        if capacity <= 0:
+            return
+        try:
+            data = selectable._delegate.recv(capacity)
+        except BlockingIOError:
+            return
+        except OSError as error:
+            log.error("Couldn't recv: %r", error)
+            transport.close_tail()
+            return
+        if data:
+            transport.push(data)
+        else:  # end of stream
+            self.on_selectable_error(_SelectableEvent(selectable))
+
+    def on_reactor_quiesced(self, event: Any) -> None:
+        # Only reached through Proton's generic loop; RelayContainer.process ends its turns
+        # without posting this event (see there).
+        reactor = event.reactor
+        self.write_changed(reactor)
+        if _only_quiesced_left(reactor._collector._impl):
+            self.wait_and_serve(reactor)
+        reactor.yield_()
+
+    def write_changed(self, reactor: Any) -> None:
+        """Write what every transport changed this turn has to send, and update what the
+        selector waits for on it."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        transports = list(dirty.values())
+        dirty.clear()
+        now = reactor.now
+        for transport in transports:
+            selectable = kept(transport, "_selectable")
+            if selectable and not selectable.is_terminal:
+                self._flush(transport, selectable)
+                self.update(transport, selectable, now)
+
+    def wait_and_serve(self, reactor: Any) -> None:
+        """Wait for I/O or the next deadline, then serve what is ready.
+
+        Connections' sockets are read and written here rather than through one posted
+        event each; any other selectable (acceptor, connector, timer) keeps its own
+        handling."""
+        _ = reactor.timer_deadline  # drops cancelled timers, as Proton's handler does
+        readable, writable, expired = self._selector.select(reactor.timeout)
+        reactor.mark()
+        dirty = self._dirty
+        for selectable in readable:
+            transport = selectable._transport
+            if transport is not None and type(selectable) is Selectable:
+                self._read(transport, selectable)
+                dirty[transport._impl] = transport
+            else:
+                selectable.readable()
+        for selectable in writable:
+            transport = selectable._transport
+            if transport is not None and type(selectable) is Selectable:
+                self._flush(transport, selectable)
+                dirty[transport._impl] = transport
+            else:
+                selectable.writable()
+        for selectable in expired:
+            selectable.expired()
+
+
+class RelayContainer(Container):
+    """A Proton container whose two most frequent events take a short path.
+
+    Every message relayed makes several ``PN_DELIVERY`` and ``PN_TRANSPORT`` events. The
+    generic path wraps each in a Python ``Event`` (and its context objects), resolves its
+    handler through link, session and connection, and offers it to the global I/O handler
+    too. Here a ``PN_DELIVERY`` goes straight to the handler of its connection (the broker
+    connection's handler, or the container's handler for client connections) and a
+    ``PN_TRANSPORT`` only marks its transport for the batched I/O update. Every other
+    event goes the generic way.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._io = BatchingIOHandler()
+        super().__init__(*args, global_handler=self._io, **kwargs)
+        # Connection (C pointer) -> its handler, for connections that have their own.
+        # An entry goes when its connection is unbound or finalized: C memory is reused, and a stale
+        # entry would hand a later connection at the same address (a client's) to the
+        # handler of a dead one (qpid-flow's own broker reader, retrying while the broker
+        # is down): that client's transfers were settled unseen and its producer stalled.
+        # Dropping it at unbind is safe because qpid-flow connects with reconnect=False:
+        # a reconnect is a new connection, registered anew by connect().
+        self._connection_handlers: dict[Any, Any] = {}
+
+    def connect(self, *args: Any, **kwargs: Any) -> Any:
+        connection = super().connect(*args, **kwargs)
+        handler = kwargs.get("handler")
+        if handler is not None:
+            # A handler reconnecting replaces its old connection: keep the map small.
+            for key, known in list(self._connection_handlers.items()):
+                if known is handler:
+                    del self._connection_handlers[key]
+            self._connection_handlers[connection._impl] = handler
+        return connection
+
+    def process(self) -> bool:
+        """Run turns until a handler asks to yield or the container stops.
+
+        A turn: handle every event; write what changed (which may post events: handle
+        them too); then wait for I/O or a timer and serve it. Proton's own loop ends each
+        turn by posting ``REACTOR_QUIESCED``, dispatching it, and returning to ``run()``,
+        which costs more than a quiet turn's work; here the turn goes straight on."""
+        self.mark()
+        collector = self._collector._impl
+        handlers = self._connection_handlers
+        default: Any = self._handler
+        io = self._io
+        mark_dirty = io.mark_dirty
+        while True:
+            if self._yield:  # type: ignore[has-type]
+                self._yield = False
+                return True
+            raw = pn_collector_peek(collector)
+            if raw == _NULL:
+                if self._stop or not (self._timers > 0 or self._selectables > 1):
+                    # Stopping, or nothing left to wait for: Proton ends it its way.
+                    return bool(super().process())
+                io.write_changed(self)
+                if pn_collector_peek(collector) == _NULL:
+                    io.wait_and_serve(self)
+                continue
+            kind = pn_event_type(raw)
+            if kind == PN_DELIVERY:
+                delivery_impl = pn_event_delivery(raw)
+                link_impl = pn_delivery_link(delivery_impl)
+                handler = handlers.get(pn_session_connection(pn_link_session(link_impl)), default)
+                handler.on_delivery(DeliveryEvent(delivery_impl, link_impl))
+            elif kind == PN_TRANSPORT:
+                mark_dirty(pn_event_transport(raw))
+            elif kind == PN_LINK_FLOW:
+                # Credit changed: about one per message relayed. Only the link's
+                # connection handler acts on it (the I/O handler does not).
+                link_impl = pn_event_link(raw)
+                handler = handlers.get(pn_session_connection(pn_link_session(link_impl)), default)
+                on_link_flow = getattr(handler, "on_link_flow", None)
+                if on_link_flow is not None:
+                    on_link_flow(LinkFlowEvent(link_impl))
+            else:
+                # Any other event, one at a time, the way Proton dispatches it.
+                event = Event.wrap(raw)
+                event.dispatch(event.handler or default)
+                event.dispatch(self._global_handler)
+                self._previous = event.type
+                if kind in (PN_CONNECTION_UNBOUND, PN_CONNECTION_FINAL):
+                    # Its transport is gone (no delivery can come any more), or the
+                    # connection itself. Before the pop: until then the event keeps the C
+                    # connection alive, so its address cannot have been given to another.
+                    handlers.pop(pn_event_connection(raw), None)
+            pn_collector_pop(collector)

@@ -1,0 +1,847 @@
+"""The Proton handler for client connections: the data path, top to bottom.
+
+Each event is translated into a call on a destination, the backend or a hook, and the
+answer is applied to Proton (credit with ``link.flow``, outcomes with
+``delivery.update`` + ``settle``). Decisions live in the policies; state lives in the
+destinations; this module only connects them to the wire.
+
+A bare :class:`proton.Handler` (not ``MessagingHandler``): qpid-flow owns credit and
+settlement on every link, and the messaging layer's conveniences cost time per message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from cproton import pn_link_credit
+from proton import Condition, Endpoint, Handler, Link, SymbolList, Terminus, symbol
+
+from qpid_flow import __version__, codec
+from qpid_flow.amqp.coordinator import Coordinator
+from qpid_flow.amqp.endpoints import (
+    DeliveryEvent,
+    LeanDelivery,
+    delivery_tags,
+    keep_link,
+    kept,
+    new_delivery,
+    send_transfer,
+    take_transfer,
+)
+from qpid_flow.amqp.guard import contain_errors
+from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, apply_settlement, apply_transactional, remote_settlement
+from qpid_flow.core.credit import window_need
+from qpid_flow.core.jms_selector import (
+    SELECTOR_FILTER_CODE,
+    SELECTOR_FILTER_NAME,
+    Selector,
+    SelectorError,
+    parse_selector,
+)
+from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.core.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
+from qpid_flow.core.transactions import UNKNOWN_ID, Transaction, settlement_from_outcome
+from qpid_flow.security.access import ANONYMOUS_USER, AccessPolicy, ConnectionLimits, Direction
+
+if TYPE_CHECKING:
+    from proton import Connection, Event, Session
+
+    from qpid_flow.config import RouterConfig
+    from qpid_flow.core.backend import Backend
+    from qpid_flow.core.destination import Destination
+    from qpid_flow.core.registry import Destinations
+    from qpid_flow.plugin.manager import Hooks
+
+__all__ = ["Router"]
+
+log = structlog.get_logger(__name__)
+
+ANONYMOUS_RELAY = "ANONYMOUS-RELAY"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+UNAUTHORIZED = "amqp:unauthorized-access"
+_connection_ids = itertools.count(1)
+
+
+@contain_errors
+class Router(Handler):
+    """Handles every client connection accepted by the listener."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        hooks: Hooks,
+        destinations: Destinations,
+        backend: Backend,
+        memory: MemoryMeter | None = None,
+    ) -> None:
+        super().__init__()
+        self.memory = memory or MemoryMeter()
+        self.config = config
+        self.hooks = hooks
+        self.destinations = destinations
+        self.backend = backend
+        self.accepting = True  # False once shutdown began: no new credit
+        self._max_message_size = config.max_message_size
+        self._producers: dict[int, tuple[Producer, Link]] = {}
+        self._consumers: dict[int, tuple[Consumer, Link]] = {}
+        # Per consumer, its unsettled deliveries by C delivery (what a delivery event
+        # carries): the wrapper, kept so the C delivery lives as long as the entry, and
+        # the message.
+        self._sent: dict[int, dict[Any, tuple[LeanDelivery, Message]]] = {}
+        # Transfers a policy holds unforwarded (Hold), per address, in arrival order.
+        self._held: dict[str, list[Message]] = {}
+        # Transfers whose outcome is known but whose producer must wait for it
+        # (qpid_flow_settlement_delay), per address, in order.
+        self._delayed: dict[str, list[tuple[Message, Settlement]]] = {}
+        self._tags = delivery_tags()
+        self.connections: set[Connection] = set()
+        self.container_id = "qpid-flow"  # the server's set it to its own (host and pid)
+        self.access = AccessPolicy(config.acl)
+        self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_user)
+        self.coordinator = Coordinator(self)
+        # Temporary destinations made for a dynamic target: address -> the producer link
+        # that made it, whose detach deletes it (the node lives as long as its link).
+        self._dynamic_targets: dict[str, int] = {}
+
+    # --- connections ----------------------------------------------------------------------
+
+    def client_opened(self, conn: Connection, user: str, peer: tuple[str, int]) -> None:
+        """The gate signed a client in (SASL done): its AMQP open comes next."""
+        conn.qf_user = user
+        conn.qf_remote = f"{peer[0]}:{peer[1]}"
+
+    def on_connection_remote_open(self, event: Event) -> None:
+        conn = event.connection
+        if conn.state & Endpoint.LOCAL_UNINIT:
+            conn.qf_id = f"c{next(_connection_ids)}"
+            # What a broker says of itself: clients and test suites (qpid-interop-test) log it.
+            conn.container = self.container_id
+            conn.properties = {symbol("product"): "qpid-flow", symbol("version"): __version__}
+            conn.offered_capabilities = SymbolList([ANONYMOUS_RELAY])
+            conn.open()
+            if not self.admit_connection(conn):
+                return
+            self.connections.add(conn)
+            conn.qf_opened = time.time()
+            log.info(
+                "connection_opened",
+                connection=conn.qf_id,
+                remote=str(conn.url or ""),
+                container=conn.remote_container,
+                user=user_of(conn),
+            )
+
+    def admit_connection(self, conn: Connection) -> bool:
+        """Count a client connection in; over a limit, close it (after its open) and say no."""
+        user = user_of(conn)
+        refusal = self.limits.admit(user)
+        if refusal is None:
+            conn.qf_admitted = True
+            return True
+        log.warning("connection_refused", remote=str(conn.url or ""), user=user, reason=refusal)
+        if conn.state & Endpoint.LOCAL_UNINIT:
+            conn.open()
+        conn.condition = Condition(RESOURCE_LIMIT, refusal)
+        conn.close()
+        return False
+
+    def on_session_remote_open(self, event: Event) -> None:
+        session = event.session
+        if session.state & Endpoint.LOCAL_UNINIT and not self.refuse_session_over_limit(session):
+            session.open()
+
+    def refuse_session_over_limit(self, session: Session) -> bool:
+        """End a client's session past max_sessions_per_connection; True if it was."""
+        limit = self.config.max_sessions_per_connection
+        if not limit or _admit(session, session.connection.session_head(0), limit):
+            return False
+        description = f"session limit reached (max_sessions_per_connection = {limit})"
+        log.warning("session_refused", connection=kept(session.connection, "qf_id"), reason=description)
+        session.open()
+        session.condition = Condition(RESOURCE_LIMIT, description)
+        session.close()
+        return True
+
+    def refuse_link_over_limit(self, link: Link) -> bool:
+        """Detach a client's link past max_links_per_connection; True if it was."""
+        limit = self.config.max_links_per_connection
+        if not limit or _admit(link, link.connection.link_head(0), limit):
+            return False
+        self._refuse_link(link, RESOURCE_LIMIT, f"link limit reached (max_links_per_connection = {limit})")
+        return True
+
+    def acl_name(self, address: str) -> str:
+        """The name ``[[acl]]`` patterns are matched against for ``address``."""
+        return address
+
+    def refuse_unauthorized_link(self, link: Link, direction: Direction, address: str) -> bool:
+        """Refuse an attach the ACL does not allow; True if it was refused."""
+        user = user_of(link.connection)
+        if self.access.allows(user, direction, self.acl_name(address)):
+            return False
+        self._refuse_link(link, UNAUTHORIZED, _not_allowed(user, direction, address))
+        return True
+
+    def on_session_remote_close(self, event: Event) -> None:
+        session = event.session
+        link = session.connection.link_head(0)
+        while link is not None:
+            if link.session == session:
+                self._link_gone(link)
+            link = link.next(0)
+        if session.state & Endpoint.LOCAL_ACTIVE:
+            session.close()
+
+    def on_connection_remote_close(self, event: Event) -> None:
+        conn = event.connection
+        self._connection_gone(conn)
+        if conn.state & Endpoint.LOCAL_ACTIVE:
+            conn.close()
+
+    def on_transport_error(self, event: Event) -> None:
+        condition = event.transport.condition
+        conn = event.connection
+        log.warning(
+            "connection_error",
+            connection=getattr(conn, "qf_id", None) if conn else None,
+            condition=condition.name if condition else None,
+            description=condition.description if condition else None,
+        )
+
+    def on_transport_closed(self, event: Event) -> None:
+        conn = event.connection
+        if conn is not None:
+            self._connection_gone(conn)
+
+    def _connection_gone(self, conn: Connection) -> None:
+        if conn not in self.connections:
+            return
+        self.connections.discard(conn)
+        if kept(conn, "qf_admitted"):
+            conn.qf_admitted = False
+            self.limits.release(user_of(conn))
+        link = conn.link_head(0)
+        while link is not None:
+            self._link_gone(link)
+            link = link.next(0)
+        log.info("connection_closed", connection=getattr(conn, "qf_id", None))
+
+    # --- links --------------------------------------------------------------------------
+
+    def on_link_remote_open(self, event: Event) -> None:
+        link = event.link
+        if not link.state & Endpoint.LOCAL_UNINIT or link.session.state & Endpoint.LOCAL_CLOSED:
+            return  # answered already, or on a session qpid-flow refused (its end answers it)
+        if self.refuse_link_over_limit(link):
+            return
+        if link.is_receiver:
+            self._attach_producer(link)
+        else:
+            self._attach_consumer(link)
+
+    def on_link_remote_close(self, event: Event) -> None:
+        self._link_gone(event.link)
+        if event.link.state & Endpoint.LOCAL_ACTIVE:
+            event.link.close()
+
+    def on_link_remote_detach(self, event: Event) -> None:
+        self._link_gone(event.link)
+        if event.link.state & Endpoint.LOCAL_ACTIVE:
+            event.link.detach()
+
+    def _refuse_link(self, link: Link, condition: str, description: str) -> None:
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.open()
+        link.condition = Condition(condition, description)
+        link.close()
+        log.info("link_refused", link=link.name, condition=condition, description=description)
+
+    def _attach_producer(self, link: Link) -> None:
+        if link.remote_target.type == Terminus.COORDINATOR:
+            self.coordinator.attach(link)
+            return
+        if link.remote_target.dynamic:
+            self._attach_dynamic_target(link)
+            return
+        address = link.remote_target.address or None
+        destination = None
+        if address is not None:
+            if self.refuse_unauthorized_link(link, "send", address):
+                return
+            destination = self.destination_for(address)
+            if destination is None:
+                self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
+                return
+        self._open_producer(link)
+        self._start_producer(link, destination)
+
+    def _attach_dynamic_target(self, link: Link) -> None:
+        """A dynamic target: a temporary queue named in the attach answer, for consumers
+        to attach to by that name; deleted when this link goes (AMQP's default lifetime
+        for a dynamic node, delete-on-close)."""
+        destination = self.destinations.create_temporary()
+        self._open_producer(link, destination.address)
+        producer = self._start_producer(link, destination)
+        self._dynamic_targets[destination.address] = producer.id
+        log.debug("temporary_destination", address=destination.address, link=link.name)
+
+    def _open_producer(self, link: Link, dynamic_address: str | None = None) -> None:
+        """Answer a producer's attach as qpid-flow itself: its termini (a dynamic target
+        with the address made for it), its settle mode, settlement on the first outcome,
+        the router's message size limit."""
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if dynamic_address is not None:
+            link.target.address = dynamic_address
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = Link.RCV_FIRST
+        if self.config.max_message_size:
+            link.max_message_size = self.config.max_message_size
+        link.open()
+
+    def destination_for(self, address: str) -> Destination | None:
+        """The destination an address names (created if allowed); None if there is none."""
+        return self.destinations.get(address)
+
+    def _start_producer(self, link: Link, destination: Destination | None, grant: bool = True) -> Producer:
+        """Count an opened producer link in, and give it its first credit (unless the
+        caller has more to set up first)."""
+        producer = Producer(
+            destination.address if destination is not None else None,
+            name=link.name,
+            connection_id=link.connection.qf_id,
+        )
+        link.qf_producer = producer
+        keep_link(link)
+        self._producers[producer.id] = (producer, link)
+        if destination is not None:
+            destination.producers.add(producer)
+            self.backend.producer_attached(destination)
+        self.hooks.producer_attached(producer=producer, destination=destination)
+        log.debug("producer_attached", link=producer.id, address=producer.address, connection=producer.connection_id)
+        if grant:
+            self._grant(producer, link)
+        return producer
+
+    def _attach_consumer(self, link: Link) -> None:
+        source = link.remote_source
+        if source.dynamic:
+            self._attach_temporary(link)
+            return
+        address = source.address
+        if not address:
+            self._refuse_link(link, "amqp:invalid-field", "a consumer link needs a source address")
+            return
+        if self.refuse_unauthorized_link(link, "receive", address):
+            return
+        destination = self.destination_for(address)
+        if destination is None:
+            self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
+            return
+        filters = _filters(source)
+        selector = None
+        applied: dict[Any, Any] = {}
+        for key, value in filters.items():
+            if _is_selector(value):
+                try:
+                    selector = parse_selector(str(value.value))
+                except SelectorError as exc:
+                    self._refuse_link(link, "amqp:invalid-field", f"bad selector: {exc}")
+                    return
+                applied[key] = value
+        browser = source.distribution_mode == Terminus.DIST_MODE_COPY
+        link.source.copy(source)
+        if applied != filters:
+            # The source in the answer lists the filters in force (AMQP 1.0 3.5.8): one not
+            # applied is left out, so the client can tell.
+            link.source.filter.clear()
+            if applied:
+                link.source.filter.put_object(applied)
+        link.target.copy(link.remote_target)
+        presettled = browser or link.remote_snd_settle_mode == Link.SND_SETTLED
+        link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        link.open()
+        self._start_consumer(link, destination, selector, browser)
+
+    def _attach_temporary(self, link: Link) -> None:
+        """A dynamic source: a temporary queue of its own, named in the attach answer and
+        deleted when the link goes (the lifetime AMQP gives a dynamic node by default)."""
+        destination = self.destinations.create_temporary()
+        link.source.copy(link.remote_source)
+        link.source.address = destination.address
+        link.target.copy(link.remote_target)
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        link.open()
+        self._start_consumer(link, destination)
+        log.debug("temporary_destination", address=destination.address, link=link.name)
+
+    def _start_consumer(
+        self, link: Link, destination: Destination, selector: Selector | None = None, browser: bool = False
+    ) -> Consumer:
+        """Make an opened consumer link one of ``destination``'s consumers (or browsers)."""
+        presettled = link.snd_settle_mode == Link.SND_SETTLED
+        consumer = Consumer(
+            destination.address,
+            self._deliver,
+            presettled,
+            name=link.name,
+            connection_id=link.connection.qf_id,
+            selector=selector,
+            browser=browser,
+        )
+        link.qf_consumer = consumer
+        keep_link(link)
+        self._consumers[consumer.id] = (consumer, link)
+        self._sent[consumer.id] = {}
+        destination.add_consumer(consumer)
+        self.backend.consumer_attached(destination)
+        log.debug("consumer_attached", link=consumer.id, address=destination.address, connection=consumer.connection_id)
+        return consumer
+
+    def _link_gone(self, link: Link) -> None:
+        """Forget a link (idempotent): release what a consumer held, drop a producer,
+        roll back what a coordinator link left open."""
+        if kept(link, "qf_coordinator"):
+            link.qf_coordinator = False
+            self.coordinator.controller_gone(link)
+            return
+        producer = kept(link, "qf_producer")
+        if producer is not None and self._producers.pop(producer.id, None) is not None:
+            destination = self.destinations.find(producer.address) if producer.address else None
+            if destination is not None:
+                destination.producers.discard(producer)
+            self._drop_held(producer)
+            self.hooks.producer_detached(producer=producer, destination=destination)
+            log.debug("producer_detached", link=producer.id, address=producer.address)
+            if destination is not None and self._dynamic_targets.get(destination.address) == producer.id:
+                self._delete_dynamic_target(destination)
+            return
+        consumer = kept(link, "qf_consumer")
+        if consumer is not None and self._consumers.pop(consumer.id, None) is not None:
+            del self._sent[consumer.id]  # the destination gets its messages back below
+            destination = self.destinations.find(consumer.address)
+            if destination is not None:
+                destination.remove_consumer(consumer)
+                self.backend.consumer_detached(destination)
+                if (
+                    destination.temporary
+                    and not destination.consumers
+                    and destination.address not in self._dynamic_targets
+                ):
+                    self.destinations.delete(destination)
+            log.debug("consumer_detached", link=consumer.id, address=consumer.address)
+
+    def _delete_dynamic_target(self, destination: Destination) -> None:
+        """The link that made a dynamic target went: the node goes, and the consumers
+        attached to it are detached with amqp:resource-deleted."""
+        del self._dynamic_targets[destination.address]
+        for consumer, link in list(self._consumers.values()):
+            if consumer.address == destination.address:
+                self._link_gone(link)
+                if link.state & Endpoint.LOCAL_ACTIVE:
+                    link.condition = Condition(
+                        "amqp:resource-deleted", f"{destination.address!r} was deleted with the link that made it"
+                    )
+                    link.close()
+        self.destinations.delete(destination)
+
+    def on_link_flow(self, event: Event) -> None:
+        link = event.link
+        consumer = kept(link, "qf_consumer")
+        if consumer is None:
+            return
+        destination = self.destinations.find(consumer.address)
+        if destination is not None:
+            destination.credit_changed(consumer, pn_link_credit(link._impl))
+            self.backend.demand_changed(destination)
+        if link.drain_mode and link.credit > 0:
+            # Nothing more to send now: give the unused credit back, as drain asks.
+            link.drained()
+            consumer.credit = 0
+
+    # --- producer side ------------------------------------------------------------------
+
+    def on_delivery(self, event: DeliveryEvent) -> None:
+        link = event.link
+        if link.is_receiver:
+            delivery = event.delivery
+            if delivery.aborted:
+                delivery.settle()
+                return
+            if not delivery.readable:
+                return
+            if self._max_message_size and delivery.pending > self._max_message_size:
+                self._message_too_large(link, delivery)
+                return
+            if not delivery.partial:
+                data = take_transfer(link, delivery.pending)
+                self._on_transfer(link, delivery, data)
+        else:
+            consumer = kept(link, "qf_consumer")
+            if consumer is None:
+                return
+            sent = self._sent.get(consumer.id)
+            if not sent:
+                return
+            entry = sent.get(event.impl)
+            if entry is None:
+                return
+            delivery, message = entry
+            state = delivery.remote_state
+            if state == TRANSACTIONAL_STATE:
+                self._transactional_outcome(link, consumer, event.impl, delivery, message)
+                return
+            settlement = remote_settlement(delivery, state)
+            if settlement is None:
+                return  # not terminal yet (e.g. received)
+            del sent[event.impl]
+            delivery.settle()
+            destination = self.destinations.find(consumer.address)
+            if destination is not None:
+                destination.settle(consumer, message, settlement)
+                self.backend.demand_changed(destination)
+
+    def _transactional_outcome(
+        self, link: Link, consumer: Consumer, impl: Any, delivery: LeanDelivery, message: Message
+    ) -> None:
+        """A consumer settled (or gave an outcome to) a delivery inside a transaction: the
+        outcome is staged there; the message stays out to this consumer until the commit."""
+        state = delivery.proton().remote.data or []
+        txn = self.coordinator.transactions.find(state[0] if state else None, link.connection.qf_id)
+        if txn is None:
+            self._link_gone(link)
+            link.condition = Condition(UNKNOWN_ID, f"a disposition names no open transaction: {state[:1]!r}")
+            link.close()
+            return
+        settlement = settlement_from_outcome(state[1] if len(state) > 1 else None)
+        if delivery.settled:
+            del self._sent[consumer.id][impl]
+            delivery.settle()
+            txn.stage_outcome(consumer, message, settlement or Settlement.accepted(), None)
+        elif settlement is not None:
+            txn.stage_outcome(consumer, message, settlement, impl)
+
+    def forget_sent(self, consumer: Consumer, impl: Any) -> None:
+        """Settle and forget a consumer's delivery (by C delivery) a transaction settled."""
+        entry = self._sent.get(consumer.id, {}).pop(impl, None)
+        if entry is not None:
+            entry[0].settle()
+
+    def _message_too_large(self, link: Link, delivery: LeanDelivery) -> None:
+        """A transfer grew past max_message_size: end the link as AMQP 1.0 says (2.7.3)."""
+        limit = self._max_message_size
+        log.warning("message_too_large", connection=link.connection.qf_id, link=link.name, limit=limit)
+        self._link_gone(link)
+        delivery.settle()
+        link.condition = Condition(
+            "amqp:link:message-size-exceeded", f"message larger than max_message_size ({limit} bytes)"
+        )
+        link.close()
+
+    def _on_transfer(self, link: Link, delivery: LeanDelivery, data: bytes) -> None:
+        producer: Producer | None = kept(link, "qf_producer")
+        if producer is None:  # every other link qpid-flow receives on is a coordinator
+            self.coordinator.on_control(link, delivery, data)
+            return
+        producer.credit = pn_link_credit(link._impl)
+        producer.transfers += 1
+        presettled = delivery.settled
+        address = producer.address
+        if address is None:
+            try:
+                address = codec.to_address(data)
+            except codec.MalformedMessage as exc:
+                self._refuse_transfer(delivery, presettled, "amqp:decode-error", str(exc))
+                return
+            if not address:
+                self._refuse_transfer(
+                    delivery, presettled, "amqp:invalid-field", "an anonymous-relay transfer needs a 'to' address"
+                )
+                return
+            user = user_of(link.connection)
+            if not self.access.allows(user, "send", self.acl_name(address)):
+                self._refuse_transfer(delivery, presettled, UNAUTHORIZED, _not_allowed(user, "send", address))
+                return
+        destination = self.destination_for(address)
+        if destination is None:
+            self._refuse_transfer(delivery, presettled, "amqp:not-found", f"no destination {address!r}")
+            return
+        message = Message(data, destination.address, producer.id)
+        if delivery.remote_state == TRANSACTIONAL_STATE:
+            txn = self._transaction_of(link, delivery)
+            if txn is None:
+                self._refuse_transfer(delivery, presettled, UNKNOWN_ID, "the transfer names no open transaction")
+                return
+            message.txn = txn
+            txn.undecided += 1
+        if not presettled:
+            message.origin = delivery
+            producer.unsettled += 1
+        decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
+        self._apply_decision(decision, destination, message)
+
+    def _transaction_of(self, link: Link, delivery: LeanDelivery) -> Transaction | None:
+        state = delivery.proton().remote.data or []
+        return self.coordinator.transactions.find(state[0] if state else None, link.connection.qf_id)
+
+    def _apply_decision(self, decision: Any, destination: Destination, message: Message) -> None:
+        txn: Transaction | None = message.txn
+        if decision is None or isinstance(decision, Admit):
+            if txn is None:
+                self.backend.forward(destination, message, self._producer_outcome)
+                return
+            # In a transaction: staged, not enqueued, until the commit.
+            txn.stage_transfer(destination, message)
+            self.memory.add(message.size)
+            txn.undecided -= 1
+            self._producer_outcome(message, Settlement.accepted())
+            self.coordinator.try_commit(txn)
+        elif isinstance(decision, Reject):
+            self._producer_outcome(message, Settlement(Outcome.REJECTED, decision.condition, decision.description))
+            if txn is not None:
+                txn.undecided -= 1
+                self.coordinator.try_commit(txn)
+        elif isinstance(decision, Hold):
+            self._held.setdefault(destination.address, []).append(message)
+            self.memory.add(message.size)
+
+    def _refuse_transfer(self, delivery: LeanDelivery, presettled: bool, condition: str, description: str) -> None:
+        log.info("transfer_refused", condition=condition, description=description)
+        if not presettled:
+            apply_settlement(delivery, Settlement(Outcome.REJECTED, condition, description))
+        else:
+            delivery.settle()
+
+    def _producer_outcome(self, message: Message, settlement: Settlement) -> None:
+        """The backend (or a policy) decided the fate of a producer's transfer."""
+        entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
+        if entry is not None and message.origin is not None:
+            destination = self.destinations.find(message.address)
+            if destination is not None and self.hooks.settlement_delay(
+                producer=entry[0], message=message, destination=destination, settlement=settlement
+            ):
+                self._delayed.setdefault(message.address, []).append((message, settlement))
+                return
+        self._settle_producer(message, settlement)
+
+    def _settle_producer(self, message: Message, settlement: Settlement) -> None:
+        delivery = message.origin
+        message.origin = None
+        if delivery is not None:
+            if message.txn is None:
+                apply_settlement(delivery, settlement)
+            else:
+                apply_transactional(delivery, message.txn.id, settlement)
+        entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
+        if entry is None:
+            return  # the producer left meanwhile
+        producer, link = entry
+        if delivery is not None:
+            producer.unsettled -= 1
+        self.hooks.transfer_settled(producer=producer, message=message, settlement=settlement)
+        self._grant(producer, link, ask=False)
+
+    def _grant(self, producer: Producer, link: Link, ask: bool = True) -> None:
+        """Ask the credit policy how much to add to a producer link, and add it.
+
+        After a settlement (``ask=False``) the policy is asked only once the link has used
+        half of its last grant: asking per message would cost a hook call per message for
+        an answer that is nearly always "nothing yet".
+        """
+        if not self.accepting or not self.backend.writable(producer.address):
+            return
+        producer.credit = pn_link_credit(link._impl)
+        if not ask and producer.credit * 2 > producer.last_grant:
+            return
+        destination = self.destinations.find(producer.address) if producer.address else None
+        credit = self.hooks.producer_credit(producer=producer, destination=destination)
+        if credit is None:  # no plugin has an opinion: a plain window
+            credit = window_need(self.config.producer_window, producer)
+        if credit:
+            link.flow(credit)
+            producer.credit += credit
+            producer.last_grant = producer.credit
+
+    def grant_all(self, address: str | None = None) -> None:
+        """Re-ask the credit policy for every producer (of ``address``, if given)."""
+        for producer, link in list(self._producers.values()):
+            if address is None or producer.address in (None, address):
+                self._grant(producer, link)
+
+    def recheck_held(self, address: str) -> None:
+        """Ask the policies again about every transfer held or delayed for ``address``."""
+        self._recheck_delayed(address)
+        held = self._held.pop(address, None)
+        destination = self.destinations.find(address)
+        if not held or destination is None:
+            return
+        for index, message in enumerate(held):
+            producer_entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
+            if producer_entry is None:
+                self.memory.sub(message.size)
+                continue
+            decision = self.hooks.transfer_arrived(producer=producer_entry[0], message=message, destination=destination)
+            if isinstance(decision, Hold):
+                # Keep this one and everything after it, in order.
+                self._held[address] = held[index:] + self._held.get(address, [])
+                return
+            self.memory.sub(message.size)
+            self._apply_decision(decision, destination, message)
+
+    def _recheck_delayed(self, address: str) -> None:
+        delayed = self._delayed.pop(address, None)
+        destination = self.destinations.find(address)
+        if not delayed or destination is None:
+            return
+        still: list[tuple[Message, Settlement]] = []
+        for message, settlement in delayed:
+            entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
+            if entry is None:
+                continue
+            if still or self.hooks.settlement_delay(
+                producer=entry[0], message=message, destination=destination, settlement=settlement
+            ):
+                still.append((message, settlement))  # later ones stay behind an earlier one
+            else:
+                self._settle_producer(message, settlement)
+        if still:
+            self._delayed[address] = still + self._delayed.get(address, [])
+
+    def delayed_producers(self, address: str) -> int:
+        return len({message.producer_id for message, _ in self._delayed.get(address, ())})
+
+    def drop_held_in(self, txn: Transaction) -> None:
+        """A transaction was rolled back: its transfers a policy still holds are dropped,
+        released to their producers."""
+        for address, messages in list(self._held.items()):
+            dropped = [m for m in messages if m.txn is txn]
+            if not dropped:
+                continue
+            remaining = [m for m in messages if m.txn is not txn]
+            if remaining:
+                self._held[address] = remaining
+            else:
+                del self._held[address]
+            for message in dropped:
+                self.memory.sub(message.size)
+                message.txn = None
+                self._settle_producer(message, Settlement.released())
+        txn.undecided = 0
+
+    def held_count(self, address: str) -> int:
+        return len(self._held.get(address, ()))
+
+    def _drop_held(self, producer: Producer) -> None:
+        """A producer left: its held transfers were never accepted, so they are dropped;
+        its delayed settlements have no one to go to."""
+        for address, messages in list(self._held.items()):
+            kept = [m for m in messages if m.producer_id != producer.id]
+            self.memory.sub(sum(m.size for m in messages) - sum(m.size for m in kept))
+            for message in messages:
+                if message.producer_id == producer.id and message.txn is not None:
+                    message.txn.undecided -= 1
+                    message.txn.failure = "a producer left before flow control admitted its transfer"
+                    self.coordinator.try_commit(message.txn)
+            if kept:
+                self._held[address] = kept
+            else:
+                del self._held[address]
+        for address, entries in list(self._delayed.items()):
+            remaining = [(m, s) for m, s in entries if m.producer_id != producer.id]
+            if remaining:
+                self._delayed[address] = remaining
+            else:
+                del self._delayed[address]
+
+    # --- consumer side ------------------------------------------------------------------
+
+    def _deliver(self, consumer: Consumer, message: Message) -> None:
+        link = self._consumers[consumer.id][1]
+        consumer.delivered += 1
+        delivery = new_delivery(link, next(self._tags))
+        send_transfer(link, message.wire())
+        if consumer.presettled:
+            delivery.settle()
+        else:
+            self._sent[consumer.id][delivery._impl] = (delivery, message)
+
+    def upstream_link_failed(self, address: str, is_sender: bool, condition: Condition | None) -> None:
+        """The broker closed the upstream link of ``address``: close the local links that
+        depend on it with the broker's error, as if they were attached to the broker."""
+        entries: list[tuple[Producer | Consumer, Link]] = [
+            *(self._producers.values() if is_sender else self._consumers.values())
+        ]
+        for endpoint, link in entries:
+            if endpoint.address != address:
+                continue
+            self._link_gone(link)
+            if link.state & Endpoint.LOCAL_ACTIVE:
+                link.condition = condition or Condition("amqp:internal-error", "the broker closed the link")
+                link.close()
+
+    # --- shutdown -----------------------------------------------------------------------
+
+    def release_consumers(self) -> None:
+        """Release everything consumers hold, back to their destinations."""
+        for consumer, _link in list(self._consumers.values()):
+            destination = self.destinations.find(consumer.address)
+            if destination is not None:
+                destination.release_held(consumer)
+                consumer.credit = 0
+
+    def unsettled_producer_transfers(self) -> int:
+        return sum(producer.unsettled for producer, _ in self._producers.values())
+
+    def close_connections(self, description: str) -> None:
+        for conn in list(self.connections):
+            if conn.state & Endpoint.LOCAL_ACTIVE:
+                conn.condition = Condition("amqp:connection:forced", description)
+                conn.close()
+
+
+def user_of(conn: Connection) -> str:
+    """The identity the gate signed ``conn`` in with."""
+    return kept(conn, "qf_user") or ANONYMOUS_USER
+
+
+def _not_allowed(user: str, direction: Direction, address: str) -> str:
+    verb = "send to" if direction == "send" else "receive from"
+    return f"user {user!r} may not {verb} {address!r}"
+
+
+def _admit(endpoint: Any, first: Any, limit: int) -> bool:
+    """Count ``endpoint`` in if fewer than ``limit`` of its kind (from ``first`` on) are in
+    and not ended; in arrival order, so a burst of begins or attaches is cut at the limit."""
+    count = 0
+    other = first
+    while other is not None:
+        if kept(other, "qf_admitted") and not other.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED):
+            count += 1
+        other = other.next(0)
+    if count >= limit:
+        return False
+    endpoint.qf_admitted = True
+    return True
+
+
+def _filters(source: Terminus) -> dict[Any, Any]:
+    """The filter set of a source, as a dict (empty when there is none or it is not a map)."""
+    data = source.filter
+    data.rewind()
+    if not data.next():
+        return {}
+    try:
+        value = data.get_object()
+    except Exception:  # a filter set Proton cannot turn into Python: none applied
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _is_selector(value: Any) -> bool:
+    descriptor = getattr(value, "descriptor", None)
+    return descriptor in (SELECTOR_FILTER_NAME, SELECTOR_FILTER_CODE) and isinstance(getattr(value, "value", None), str)

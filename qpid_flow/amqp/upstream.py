@@ -1,0 +1,308 @@
+"""In front of a broker: qpid-flow's own connection, which reads grouped destinations.
+
+Clients' links are mirrored to the broker each on the client's own connection
+(:mod:`qpid_flow.amqp.linkroute`); a destination with ``shared_groups`` is the exception,
+because only one reader can pin groups. One upstream receiver per such destination
+feeds its local consumers with a bounded look-ahead of credit; its messages stay
+unsettled at the broker until a local consumer settles them, and the consumer's outcome
+is what the broker is told.
+
+Reconnect behaviour, chosen on purpose: the messages fetched for consumers are
+forgotten when the connection drops, since the broker delivers them again; consumers
+keep their links. The brokers of the list are tried in order, backing off from 0.1 s to
+``reconnect_max_delay`` once all have been tried.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+from cproton import PN_RELEASED, pn_link_credit
+from proton import Condition, Endpoint, Handler, Link, SSLDomain
+
+from qpid_flow.amqp.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, take_transfer
+from qpid_flow.amqp.guard import contain_errors
+from qpid_flow.amqp.outcomes import apply_settlement
+from qpid_flow.core.model import Message, Settlement
+
+if TYPE_CHECKING:
+    from proton import Connection, Event
+    from proton.reactor import Container
+
+    from qpid_flow.config import RouterConfig
+    from qpid_flow.core.destination import Destination
+    from qpid_flow.core.registry import Destinations
+
+__all__ = ["GroupReader"]
+
+log = structlog.get_logger(__name__)
+
+_ACCEPTED = Settlement.accepted()
+_RELEASED = Settlement.released()
+
+
+class _Receiver:
+    """The shared upstream receiver of one source address."""
+
+    __slots__ = ("closing", "destination", "link")
+
+    def __init__(self, destination: Destination) -> None:
+        self.destination = destination
+        self.link: Link | None = None
+        self.closing = False  # detached: nothing it still receives is wanted
+
+
+@contain_errors
+class GroupReader(Handler):
+    """Reads grouped destinations from the broker for their consumers through qpid-flow."""
+
+    def __init__(
+        self,
+        container: Container,
+        config: RouterConfig,
+        destinations: Destinations,
+        on_link_failed: Callable[[str, bool, Condition | None], None],
+    ) -> None:
+        super().__init__()
+        self._brokers = config.broker_addresses
+        self._ssl_domain = _ssl_domain(config) if any(b.scheme == "amqps" for b in self._brokers) else None
+        assert self._brokers, "GroupReader needs a broker"
+        self._broker_index = 0  # which broker of the list: tried in order, from the first
+        self._container = container
+        self._lookahead = config.consumer_lookahead
+        self._max_delay = config.reconnect_max_delay
+        self._destinations = destinations
+        # (address, is_sender, condition): the broker refused or closed one of our links.
+        self._on_link_failed = on_link_failed
+        self._connection: Connection | None = None
+        self.connected = False
+        self.closing = False
+        self.epoch = 0  # which connection; deliveries of an older one are dead
+        self._delay = 0.0
+        self._receivers: dict[str, _Receiver] = {}
+        self._tags = itertools.count(1)
+
+    # --- connection -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._connect()
+
+    def _connect(self) -> None:
+        self.epoch += 1
+        broker = self._brokers[self._broker_index]
+        log.info("upstream_connecting", broker=broker.redacted, attempt_delay=self._delay)
+        # The URL's path is the virtual host, sent as RabbitMQ expects it: "vhost:NAME".
+        virtual_host = f"vhost:{broker.vhost}" if broker.vhost else None
+        self._connection = self._container.connect(
+            broker.url,
+            handler=self,
+            reconnect=False,
+            virtual_host=virtual_host,
+            ssl_domain=self._ssl_domain if broker.scheme == "amqps" else None,
+        )
+
+    def on_connection_remote_open(self, event: Event) -> None:
+        if event.connection != self._connection:
+            return
+        self.connected = True
+        self._delay = 0.0
+        log.info("upstream_connected", broker=self._brokers[self._broker_index].redacted, epoch=self.epoch)
+        for receiver in self._receivers.values():
+            self._open_receiver(receiver)
+
+    def on_connection_remote_close(self, event: Event) -> None:
+        if event.connection == self._connection:
+            condition = event.connection.remote_condition
+            log.warning(
+                "upstream_closed_by_broker",
+                condition=condition.name if condition else None,
+                description=condition.description if condition else None,
+            )
+            event.connection.close()
+            self._lost()
+
+    def on_transport_error(self, event: Event) -> None:
+        if event.connection == self._connection:
+            condition = event.transport.condition
+            log.warning(
+                "upstream_error",
+                condition=condition.name if condition else None,
+                description=condition.description if condition else None,
+            )
+
+    def on_transport_closed(self, event: Event) -> None:
+        if event.connection == self._connection:
+            self._lost()
+
+    def _lost(self) -> None:
+        """The broker connection is gone: forget what we fetched (the broker has it)."""
+        was_connected = self.connected
+        self.connected = False
+        self._connection = None
+        old_epoch = self.epoch
+        for receiver in self._receivers.values():
+            receiver.link = None
+            receiver.destination.upstream_credit = 0
+            dropped = receiver.destination.forget(lambda m: m.upstream_epoch == old_epoch)
+            if dropped:
+                log.info("upstream_messages_forgotten", address=receiver.destination.address, count=dropped)
+        if self.closing:
+            return
+        if was_connected:
+            log.warning("upstream_disconnected", broker=self._brokers[self._broker_index].redacted)
+            self._broker_index = 0  # the first of the list again, then the others
+            self._delay = 0.0
+        else:
+            self._broker_index = (self._broker_index + 1) % len(self._brokers)
+        # Back off once the whole list has been tried.
+        if self._broker_index == 0:
+            self._delay = min(self._max_delay, max(0.1, self._delay * 2))
+        self._container.schedule(self._delay if self._broker_index == 0 else 0.0, self)
+
+    def on_timer_task(self, event: Event) -> None:
+        if not self.closing and self._connection is None:
+            self._connect()
+
+    # --- consumers of grouped destinations ------------------------------------------------
+
+    def consumer_attached(self, destination: Destination) -> None:
+        if destination.address not in self._receivers:
+            receiver = self._receivers[destination.address] = _Receiver(destination)
+            self._open_receiver(receiver)
+
+    def _open_receiver(self, receiver: _Receiver) -> None:
+        if not self.connected or self._connection is None:
+            return
+        # A session of its own: RabbitMQ keeps what it sent on a receiver detached with
+        # credit outstanding out of every other consumer's sight until the session (its
+        # AMQP 0-9-1 channel) ends; and it ends the session of a receiver that drains.
+        session = self._connection.session()
+        session.open()
+        link = session.receiver(f"qpid-flow-reader-{receiver.destination.address}-{next(self._tags)}")
+        link.source.address = receiver.destination.address
+        link.target.address = receiver.destination.address
+        link.open()
+        link.qf_receiver = receiver
+        keep_link(link)
+        receiver.link = link
+        self._top_up(receiver)
+
+    def consumer_detached(self, destination: Destination) -> None:
+        if destination.consumers:
+            return
+        receiver = self._receivers.pop(destination.address, None)
+        if receiver is None:
+            return
+        # No local consumer is left: give back what was fetched ahead, then detach.
+        destination.upstream_credit = 0
+        self._give_back_fetched(destination)
+        link = receiver.link
+        if link is not None and link.state & Endpoint.LOCAL_ACTIVE:
+            receiver.closing = True  # what still arrives goes back at once
+            link.close()
+            link.session.close()  # see _open_receiver
+
+    def _give_back_fetched(self, destination: Destination) -> None:
+        """Release to the broker every message fetched for ``destination`` and waiting."""
+        current = self.epoch
+        fetched = [m for m in destination.queue if m.upstream_epoch == current]
+        destination.forget(lambda m: m.upstream_epoch != 0)
+        for message in fetched:
+            if message.on_dequeue is not None:
+                message.on_dequeue(_RELEASED)
+
+    def demand_changed(self, destination: Destination) -> None:
+        receiver = self._receivers.get(destination.address)
+        if receiver is not None:
+            self._top_up(receiver)
+
+    def _top_up(self, receiver: _Receiver) -> None:
+        """Keep (waiting messages + outstanding credit) near the look-ahead window."""
+        link = receiver.link
+        if link is None:
+            return
+        credit = max(pn_link_credit(link._impl), 0)
+        missing = self._lookahead - len(receiver.destination.queue) - credit
+        if missing >= max(1, self._lookahead // 4):
+            link.flow(missing)
+            credit += missing
+        receiver.destination.upstream_credit = credit
+
+    def _settle_upstream(self, epoch: int, delivery: LeanDelivery, settlement: Settlement) -> None:
+        if epoch == self.epoch and self.connected:
+            apply_settlement(delivery, settlement)
+
+    # --- events on our links ----------------------------------------------------------
+
+    def on_delivery(self, event: DeliveryEvent) -> None:
+        link = event.link
+        delivery = event.delivery
+        receiver = kept(link, "qf_receiver")
+        if receiver is None or delivery.aborted:
+            delivery.settle()
+            return
+        if not delivery.readable or delivery.partial:
+            return
+        data = take_transfer(link, delivery.pending)
+        if receiver.closing:
+            delivery.settle_as(PN_RELEASED)  # came after the last consumer left
+            return
+        # The broker may send beyond the credit we gave (RabbitMQ does): keep it all.
+        message = Message(data, receiver.destination.address)
+        message.upstream_epoch = self.epoch
+        message.on_dequeue = functools.partial(self._settle_upstream, self.epoch, delivery)
+        receiver.destination.enqueue(message, counted=False)
+        self._top_up(receiver)
+
+    def on_link_remote_close(self, event: Event) -> None:
+        link = event.link
+        condition = link.remote_condition
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.close()
+        if not self.connected or self.closing:
+            return
+        receiver = kept(link, "qf_receiver")
+        if receiver is not None:
+            self._receiver_closed(receiver, condition)
+
+    def _receiver_closed(self, receiver: _Receiver, condition: Condition | None) -> None:
+        """The broker refused or closed a receiver: its local consumers get the error."""
+        address = receiver.destination.address
+        if self._receivers.get(address) is not receiver:
+            return
+        del self._receivers[address]
+        log.warning(
+            "upstream_link_closed",
+            address=address,
+            direction="receiver",
+            condition=condition.name if condition else None,
+            description=condition.description if condition else None,
+        )
+        self._on_link_failed(address, False, condition)
+
+    # --- shutdown -----------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Release every fetched message back to the broker and close the connection."""
+        self.closing = True
+        for receiver in self._receivers.values():
+            self._give_back_fetched(receiver.destination)
+        if self._connection is not None and self._connection.state & Endpoint.LOCAL_ACTIVE:
+            self._connection.close()
+
+
+def _ssl_domain(config: RouterConfig) -> SSLDomain:
+    """TLS for qpid-flow's own broker connection, with the settings clients' pairs use."""
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    if config.broker_tls_ca is not None:
+        domain.set_trusted_ca_db(config.broker_tls_ca)
+    domain.set_peer_authentication(
+        SSLDomain.VERIFY_PEER_NAME if config.broker_tls_verify_hostname else SSLDomain.VERIFY_PEER
+    )
+    if config.broker_tls_cert is not None and config.broker_tls_key is not None:
+        domain.set_credentials(config.broker_tls_cert, config.broker_tls_key, None)
+    return domain

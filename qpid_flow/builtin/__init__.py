@@ -1,1 +1,0 @@
-"""qpid-flow's own behaviour, written as plugins (each module is one plugin)."""

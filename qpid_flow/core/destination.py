@@ -1,0 +1,499 @@
+"""A destination: the messages of one address waiting for consumers, and their accounting.
+
+Plain Python, no Proton: the router hands it messages and consumers, and it calls
+``consumer.deliver`` when a message should go out. Which consumer gets which message
+is the ``qpid_flow_consumer_select`` hook's answer.
+
+Standalone, a destination is the queue itself. In front of a broker, consumers' links are
+mirrored to the broker and the destination only counts (depth, consumers); for a grouped
+destination it holds what qpid-flow's own upstream receiver fetched ahead for its
+consumers; those messages stay unsettled upstream until a consumer settles them
+(``Message.on_dequeue``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from qpid_flow.core.model import Consumer, Hold, Message, Outcome, Producer, Settlement
+from qpid_flow.core.queues import FifoQueue, MessageQueue
+
+if TYPE_CHECKING:
+    from qpid_flow.config import DestinationPolicy
+    from qpid_flow.core.memory import MemoryMeter
+    from qpid_flow.plugin.manager import Hooks
+
+__all__ = ["Destination", "MirroredConsumer"]
+
+# How far past a message that must wait the dispatcher looks for others that can go.
+DEFAULT_LOOKAHEAD = 1000
+
+# How long the broker's readings must keep finding the depth above what the broker can hold
+# before it is lowered: longer than a burst of transfers or confirmations takes to land.
+BROKER_EXCESS_SETTLE = 1.0
+
+RING_DROPPED = Settlement(Outcome.REJECTED, "qpid-flow:ring-dropped", "dropped to make room on a ring destination")
+PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator")
+DELETED = Settlement(Outcome.REJECTED, "qpid-flow:deleted", "its destination was deleted")
+_NO_SELECTOR_MATCHES = Hold("no ready consumer's selector matches it")
+EXPIRED = Settlement(Outcome.REJECTED, "qpid-flow:expired", "its time to live ran out before it was delivered")
+
+
+class MirroredConsumer(Protocol):
+    """In front of a broker: a consumer whose link is mirrored to the broker's queue.
+
+    The broker hands it messages directly; they never enter the destination's queue, but
+    the broker no longer counts them ready until the client settles them."""
+
+    @property
+    def held(self) -> int:
+        """Messages the broker handed it and the client has not settled (waiting here for
+        the client's credit, or out to the client)."""
+        ...
+
+    @property
+    def broker_credit(self) -> int:
+        """Credit the broker has outstanding on its link: messages it may have sent that
+        have not arrived yet."""
+        ...
+
+
+class Destination:
+    """One address: its waiting messages, consumers, producers and counters."""
+
+    def __init__(
+        self,
+        address: str,
+        policy: DestinationPolicy,
+        hooks: Hooks,
+        lookahead: int = DEFAULT_LOOKAHEAD,
+        memory: MemoryMeter | None = None,
+    ) -> None:
+        self.address = address
+        self.policy = policy
+        self._hooks = hooks
+        self._memory = memory
+        # Waiting for a consumer; a plugin may install another kind (message groups).
+        self._turn = 0
+        self._selective = 0  # consumers with a selector: only then are messages decoded for them
+        self.browsers: list[Consumer] = []  # distribution-mode copy: they see, others take
+        self.queue: MessageQueue = FifoQueue(self.queue_select, lookahead)
+        self.consumers: list[Consumer] = []
+        self.producers: set[Producer] = set()
+        # Depth counts every message admitted and not yet dequeued: waiting ones and those
+        # a consumer holds unsettled (as qpidd counts acquired messages). In front of a
+        # broker it is what passed through qpid-flow (and what a plugin learns from the
+        # broker); standalone, what the queue holds.
+        self.depth = 0
+        self.bytes = 0
+        self.enqueued_total = 0
+        self.dequeued_total = 0
+        self.ring_dropped = 0
+        self.expired = 0
+        # What consumers did with it (metrics and statistics; read, never reset):
+        # handed out, and settled accepted / rejected / released or modified.
+        self.delivered_total = 0
+        self.acknowledged = 0
+        self.rejected = 0
+        self.released = 0
+        self.expiring = False  # a message with a time to live has been here: sweep it
+        self.temporary = False  # made for a dynamic source: deleted with its link
+        self.idle_since: float | None = None  # when it was last found unused (forgetting)
+        self.largest_message = 0  # for estimating how many more messages fit in bytes
+        # In front of a broker: forwarded, and the broker has not given its outcome yet.
+        self.in_flight = 0
+        # In front of a broker: credit the shared upstream receiver has outstanding (what
+        # the broker may have sent that has not arrived yet).
+        self.upstream_credit = 0
+        # In front of a broker: consumers whose links are mirrored to the broker (they get
+        # their messages from it directly, not from this destination's queue).
+        self.mirrored: set[MirroredConsumer] = set()
+        # (side, since when): the broker's readings have found the depth above (1) or
+        # below (-1) the bounds they prove, since then.
+        self._outside_broker_bounds: tuple[int, float] | None = None
+        # Per-destination state that plugins keep, by plugin name.
+        self.plugin_state: dict[str, Any] = {}
+
+    @property
+    def hooks(self) -> Hooks:
+        """The hooks this destination calls (for the queues and policies plugins install)."""
+        return self._hooks
+
+    # --- room ---------------------------------------------------------------------------
+
+    def queue_select(self, *, destination: Destination, message: Message, consumers: list[Consumer]) -> Any:
+        """The consumer-selection hook, as queues call it (plugins' queues too). ``None``
+        from every plugin is no opinion: the consumers take turns. Consumers whose
+        selector does not match the message are not offered it."""
+        if self._selective:
+            fields = message.selector_fields()
+            consumers = [c for c in consumers if c.selector is None or c.selector.matches(fields)]
+            if not consumers:
+                return _NO_SELECTOR_MATCHES
+        choice = self._hooks.consumer_select(destination=destination, message=message, consumers=consumers)
+        if choice is None:
+            self._turn += 1
+            return consumers[self._turn % len(consumers)]
+        return choice
+
+    def has_room_for(self, message: Message) -> bool:
+        """False when ``message`` would take the destination past ``max_count`` / ``max_size``."""
+        max_count = self.policy.max_count or 0
+        max_size = self.policy.max_size or 0
+        if max_count and self.depth + 1 > max_count:
+            return False
+        return not (max_size and self.bytes + message.size > max_size)
+
+    def has_room_for_many(self, count: int, size: int) -> bool:
+        """False when ``count`` more messages of ``size`` bytes in all would not fit (a
+        transaction's commit enqueues all of them or none)."""
+        max_count = self.policy.max_count or 0
+        max_size = self.policy.max_size or 0
+        if max_count and self.depth + count > max_count:
+            return False
+        return not (max_size and self.bytes + size > max_size)
+
+    def limit_description(self) -> str:
+        return (
+            f"destination {self.address!r} is full: depth {self.depth} of max_count "
+            f"{self.policy.max_count or 'unlimited'}, {self.bytes} bytes of max_size "
+            f"{self.policy.max_size or 'unlimited'}"
+        )
+
+    # --- messages in --------------------------------------------------------------------
+
+    def count_in(self, message: Message) -> None:
+        """A message was admitted to this destination: it counts in the depth now."""
+        size = message.size
+        self.depth += 1
+        self.bytes += size
+        self.enqueued_total += 1
+        if size > self.largest_message:
+            self.largest_message = size
+        self._hooks.depth_changed(destination=self)
+
+    def count_out(self, message: Message) -> None:
+        """A message left for good (or never made it to the broker)."""
+        # Messages a producer put in the broker directly are consumed through qpid-flow
+        # without having been counted in: never go below zero.
+        self.depth = max(0, self.depth - 1)
+        self.bytes = max(0, self.bytes - message.size)
+        self.dequeued_total += 1
+        self._hooks.depth_changed(destination=self)
+
+    def enqueue(self, message: Message, counted: bool = True) -> None:
+        """Add a message at the back and hand it out if a consumer can take it.
+
+        ``counted=False`` for a message fetched from the broker: it was counted when it
+        passed through qpid-flow on its way in (or the broker's backlog counts it).
+        """
+        self.queue.append(message)
+        if self._memory is not None:
+            self._memory.add(message.size)
+        if counted:
+            self.count_in(message)
+        self._hooks.message_enqueued(destination=self, message=message)
+        if self.browsers:
+            for browser in self.browsers:
+                self.browse(browser)
+        if self.consumers:
+            self.dispatch()
+
+    def replace_queue(self, queue: MessageQueue | None = None) -> None:
+        """Switch to another kind of queue (None: plain FIFO), keeping the waiting messages."""
+        new = queue if queue is not None else FifoQueue(self.queue_select)
+        for message in self.queue:
+            new.append(message)
+        self.queue = new
+        self.dispatch()
+
+    # --- consumers ----------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        if consumer.browser:
+            self.browsers.append(consumer)
+            self._hooks.consumer_attached(consumer=consumer, destination=self)
+            return
+        if consumer.selector is not None:
+            self._selective += 1
+        self.consumers.append(consumer)
+        self._hooks.consumer_attached(consumer=consumer, destination=self)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """Detach a consumer: everything it held goes back to the front, in order."""
+        if consumer in self.browsers:
+            self.browsers.remove(consumer)
+            consumer.credit = 0
+            self._hooks.consumer_detached(consumer=consumer, destination=self)
+            return
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+            if consumer.selector is not None:
+                self._selective -= 1
+        consumer.credit = 0
+        self.release_held(consumer)
+        self.queue.consumer_gone(consumer)
+        self._hooks.consumer_detached(consumer=consumer, destination=self)
+        self.dispatch()
+
+    def release_held(self, consumer: Consumer, messages: list[Message] | None = None) -> None:
+        """Release what ``consumer`` holds (all, or just ``messages``) back in order, as if
+        it had released them itself: on detach, on shutdown, when a group lease expires."""
+        if messages is None:
+            messages = list(consumer.held.values())
+        released = Settlement.released()
+        for message in sorted(messages, key=_sequence_of, reverse=True):
+            if consumer.held.pop(message.sequence, None) is None:
+                continue
+            message.failed_attempts += 1  # handed out, never settled: a failed attempt
+            self.queue.released(consumer, message)
+            self.queue.requeue(message)
+            self._hooks.message_settled(destination=self, message=message, consumer=None, settlement=released)
+
+    def credit_changed(self, consumer: Consumer, credit: int) -> None:
+        """The consumer's link credit is now ``credit``; send what it can take."""
+        if consumer.browser:
+            consumer.credit = credit
+            self.browse(consumer)
+            return
+        had_none = consumer.credit <= 0
+        consumer.credit = credit
+        if credit > 0 and self.queue:
+            if had_none:
+                self.queue.consumer_ready(consumer)
+            self.dispatch()
+
+    def browse(self, browser: Consumer) -> None:
+        """Send a browser copies of the waiting messages it has not seen, in order, as its
+        credit allows; the messages stay where they are."""
+        if browser.credit <= 0 or not self.queue:
+            return
+        now = time.time()
+        for message in list(self.queue):
+            if browser.credit <= 0:
+                return
+            if message.sequence <= browser.browse_after:
+                continue
+            browser.browse_after = message.sequence
+            if message.expires is not None and message.expires <= now:
+                continue
+            if browser.selector is not None and not browser.selector.matches(message.selector_fields()):
+                continue
+            browser.credit -= 1
+            browser.deliver(browser, message)
+
+    def dispatch(self) -> None:
+        """Hand waiting messages to consumers with credit."""
+        if not self.queue:
+            return
+        ready = [c for c in self.consumers if c.credit > 0]
+        if ready:
+            self.queue.dispatch(self, ready, self._send)
+
+    def _send(self, consumer: Consumer, message: Message) -> None:
+        if message.expires is not None and message.expires <= time.time():
+            # Chosen, but never delivered: it leaves as expired and the credit stays.
+            self.queue.released(consumer, message, True)
+            self.expired += 1
+            self._dequeue(message, None, EXPIRED)
+            return
+        consumer.credit -= 1
+        message.delivery_count += 1
+        self.delivered_total += 1
+        if consumer.presettled:
+            self.acknowledged += 1  # settled on sending: at-most-once counts as accepted
+            consumer.deliver(consumer, message)
+            self._hooks.message_delivered(destination=self, message=message, consumer=consumer)
+            self.queue.released(consumer, message, True)
+            self._dequeue(message, consumer, Settlement.accepted())
+            return
+        consumer.held[message.sequence] = message
+        consumer.deliver(consumer, message)
+        self._hooks.message_delivered(destination=self, message=message, consumer=consumer)
+
+    # --- settlement ---------------------------------------------------------------------
+
+    def settle(self, consumer: Consumer, message: Message, settlement: Settlement) -> None:
+        """A consumer settled ``message``: it leaves (accepted, rejected) or goes back."""
+        if consumer.held.pop(message.sequence, None) is None:
+            return  # already released (consumer detached) or settled twice
+        self.count_settled(settlement.outcome)
+        self.queue.released(consumer, message, settlement.outcome.removes_message)
+        if settlement.outcome.removes_message or (
+            settlement.outcome is Outcome.MODIFIED and settlement.undeliverable_here and message.on_dequeue
+        ):
+            # undeliverable-here in front of a broker: let the broker route it elsewhere.
+            self._dequeue(message, consumer, settlement)
+            if self.queue:
+                self.dispatch()  # settling may free a message group for others
+            return
+        if settlement.delivery_failed:
+            message.failed_attempts += 1  # modified(delivery-failed); released does not count
+        self.queue.requeue(message)
+        self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
+        self.dispatch()
+
+    def count_settled(self, outcome: Outcome) -> None:
+        """Count a consumer's outcome (also called for consumers mirrored to a broker)."""
+        if outcome is Outcome.ACCEPTED:
+            self.acknowledged += 1
+        elif outcome is Outcome.REJECTED:
+            self.rejected += 1
+        else:
+            self.released += 1  # released or modified: it goes back
+
+    def _dequeue(self, message: Message, consumer: Consumer | None, settlement: Settlement) -> None:
+        if self._memory is not None:
+            self._memory.sub(message.size)
+        if message.on_dequeue is not None:
+            message.on_dequeue(settlement)
+        self.count_out(message)
+        self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
+
+    def drop_oldest(self) -> bool:
+        """Ring: drop the oldest waiting message to make room. False if none is waiting."""
+        message = self.queue.pop_oldest()
+        if message is None:
+            return False
+        self.ring_dropped += 1
+        self._dequeue(message, None, RING_DROPPED)
+        return True
+
+    def expire(self, now: float) -> int:
+        """Take out waiting messages whose time to live ran out (those consumers hold are
+        checked if they come back). Returns how many."""
+        gone = self.queue.remove_where(lambda m: m.expires is not None and m.expires <= now)
+        for message in gone:
+            self.expired += 1
+            self._dequeue(message, None, EXPIRED)
+        return len(gone)
+
+    def purge(self) -> int:
+        """Drop every waiting message (not those consumers hold). Returns how many."""
+        dropped = 0
+        while (message := self.queue.pop_oldest()) is not None:
+            self._dequeue(message, None, PURGED)
+            dropped += 1
+        return dropped
+
+    def set_broker_backlog(self, ready: int, now: float | None = None) -> None:
+        """What the broker says it holds ready for this address (from a plugin); ``now``:
+        the reading's ``time.monotonic()``, when the caller knows it.
+
+        The broker's figure proves a lower bound: ready + what qpid-flow fetched and holds
+        unsettled (for its own consumers, and for mirrored ones: RabbitMQ counts a message
+        out to a consumer as unacknowledged, not ready). The depth may exceed it by what
+        qpid-flow forwarded and the broker has not confirmed (the broker may have queued
+        it already, and then it is among the ready: it cannot count twice) and by the
+        credit the upstream links have outstanding (messages the broker sent that have not
+        arrived): that is the upper bound.
+
+        qpid-flow's own count is kept when it lies within those bounds (it is exact for
+        what passed through). Below the lower bound it is raised (a backlog left in the
+        broker): at once while no consumer holds any of its messages, else once the
+        readings have found it below for ``BROKER_EXCESS_SETTLE`` seconds, since a reading
+        taken a moment ago may count as ready messages held here by now. Above the upper
+        bound it is lowered (messages consumed elsewhere) once the readings have found it
+        above for that long: a single reading can catch messages in no count (on their way
+        to a consumer, as RabbitMQ sends beyond the credit it was given; or confirmed to
+        qpid-flow between the reading and its arrival here), and lowering on it would
+        resume producers against a full queue. Bytes are estimated from the average size
+        of the messages seen.
+        """
+        fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
+        fetched += sum(m.held for m in self.mirrored)
+        lowest = max(0, ready) + fetched
+        highest = lowest + self.in_flight + self.upstream_credit + sum(max(m.broker_credit, 0) for m in self.mirrored)
+        if self.depth > highest:
+            if not self._outside_broker_bounds_for_a_while(1, now):
+                return
+            depth = highest
+        elif self.depth < lowest:
+            # With messages out to consumers, a reading taken a moment ago may count as
+            # ready some that are held here now: raise only if it lasts.
+            if fetched and not self._outside_broker_bounds_for_a_while(-1, now):
+                return
+            depth = lowest
+        else:
+            self._outside_broker_bounds = None
+            return
+        self._outside_broker_bounds = None
+        average = self.bytes // self.depth if self.depth else self.largest_message
+        self.depth = depth
+        self.bytes = depth * average
+        self._hooks.depth_changed(destination=self)
+
+    def _outside_broker_bounds_for_a_while(self, side: int, now: float | None) -> bool:
+        """The broker's readings have found the depth on ``side`` of their bounds (1 above,
+        -1 below) for ``BROKER_EXCESS_SETTLE`` seconds, this one included."""
+        now = time.monotonic() if now is None else now
+        if self._outside_broker_bounds is None or self._outside_broker_bounds[0] != side:
+            self._outside_broker_bounds = (side, now)
+        return now - self._outside_broker_bounds[1] >= BROKER_EXCESS_SETTLE
+
+    def forget(self, predicate: Callable[[Message], bool]) -> int:
+        """Drop messages matching ``predicate`` without an outcome (their source is gone).
+
+        Used when the broker connection drops: the broker still has those messages and
+        will deliver them again, so they still count in the depth. Returns how many.
+        """
+        gone: list[Message] = []
+        for consumer in self.consumers:
+            for sequence, message in list(consumer.held.items()):
+                if predicate(message):
+                    del consumer.held[sequence]
+                    self.queue.released(consumer, message)
+                    gone.append(message)
+        gone.extend(self.queue.remove_where(predicate))
+        if self._memory is not None:
+            self._memory.sub(sum(m.size for m in gone))
+        return len(gone)
+
+    # --- reading --------------------------------------------------------------------------
+
+    @property
+    def unused(self) -> bool:
+        """Nothing refers to it any more: it can be forgotten."""
+        return not (self.consumers or self.producers or self.depth or self.mirrored or self.in_flight)
+
+    def delete(self) -> int:
+        """Drop every waiting message (the destination is going away); how many."""
+        dropped = 0
+        while (message := self.queue.pop_oldest()) is not None:
+            self._dequeue(message, None, DELETED)
+            dropped += 1
+        return dropped
+
+    def stats(self) -> dict[str, Any]:
+        """The destination's statistics; plugins add theirs (``qpid_flow_destination_stats``)."""
+        record: dict[str, Any] = {
+            "name": self.address,
+            "depth": self.depth,
+            "bytes": self.bytes,
+            "waiting": len(self.queue),
+            "held": sum(len(c.held) for c in self.consumers),
+            "enqueued": self.enqueued_total,
+            "dequeued": self.dequeued_total,
+            "delivered": self.delivered_total,
+            "acknowledged": self.acknowledged,
+            "rejected": self.rejected,
+            "released": self.released,
+            "ringDropped": self.ring_dropped,
+            "expired": self.expired,
+            "producers": len(self.producers),
+            "consumers": len(self.consumers) + len(self.mirrored),
+            "maxCount": self.policy.max_count or 0,
+            "maxSize": self.policy.max_size or 0,
+            "limitPolicy": self.policy.policy,
+            "policy": self.policy.pattern,
+        }
+        for extra in self._hooks.destination_stats(destination=self) or ():
+            if extra:
+                record.update(extra)
+        return record
+
+
+def _sequence_of(message: Message) -> int:
+    return message.sequence

@@ -1,0 +1,300 @@
+"""Plain value and state objects shared by the data path and the policies.
+
+Nothing here imports Proton: policies see messages, producers and consumers as these
+objects, so they can be unit-tested without a network. The router owns the mapping
+from these objects to Proton links and deliveries.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from qpid_flow import codec
+
+__all__ = [
+    "Admit",
+    "Consumer",
+    "Decision",
+    "Hold",
+    "Message",
+    "Outcome",
+    "Producer",
+    "Reject",
+]
+
+
+class Outcome(enum.Enum):
+    """The terminal states of a delivery (AMQP 1.0 part 3.4)."""
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    RELEASED = "released"
+    MODIFIED = "modified"
+
+    @property
+    def removes_message(self) -> bool:
+        """True when the message leaves the destination (it is not handed out again)."""
+        return self in (Outcome.ACCEPTED, Outcome.REJECTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """An outcome with the details some outcomes carry."""
+
+    outcome: Outcome
+    condition: str | None = None  # rejected: the error condition name
+    description: str | None = None  # rejected: human-readable text
+    delivery_failed: bool = False  # modified
+    undeliverable_here: bool = False  # modified
+    # What a broker's outcome carried besides, passed on to the producer as it came: the
+    # error's info map (rejected) and the message annotations (modified).
+    info: Any = None
+    annotations: Any = None
+
+    @classmethod
+    def accepted(cls) -> Settlement:
+        return _ACCEPTED
+
+    @classmethod
+    def released(cls) -> Settlement:
+        return _RELEASED
+
+
+_ACCEPTED = Settlement(Outcome.ACCEPTED)
+_RELEASED = Settlement(Outcome.RELEASED)
+
+_message_sequence = itertools.count(1)
+
+
+class Message:
+    """One message in flight through qpid-flow: its encoded bytes and bookkeeping.
+
+    The bytes are forwarded as received. Fields a policy needs are read from them on
+    first use and remembered.
+    """
+
+    __slots__ = (
+        "_group_id",
+        "_identity",
+        "_selector_fields",
+        "address",
+        "data",
+        "delivery_count",
+        "expires",
+        "failed_attempts",
+        "on_dequeue",
+        "origin",
+        "producer_id",
+        "properties_at",
+        "queue_handle",
+        "sequence",
+        "size",
+        "txn",
+        "upstream_epoch",
+    )
+
+    def __init__(
+        self,
+        data: bytes,
+        address: str,
+        producer_id: int | None = None,
+        on_dequeue: Callable[[Settlement], None] | None = None,
+    ) -> None:
+        self.data = data
+        self.size = len(data)  # read several times per message: kept rather than computed
+        self.address = address
+        self.producer_id = producer_id
+        # Called once when the message leaves its destination for good; in front of a
+        # broker it carries the consumer's outcome upstream.
+        self.on_dequeue = on_dequeue
+        # The router's handle on where the message came from (the producer's delivery
+        # while it is unsettled); opaque to policies.
+        self.origin: Any = None
+        # Which broker connection it was fetched on (0: not fetched from a broker). When
+        # that connection drops the broker delivers the message again.
+        self.upstream_epoch = 0
+        # Queue order: released messages go back in front of later ones by this number.
+        self.sequence = next(_message_sequence)
+        self.delivery_count = 0  # times handed to a consumer
+        # Deliveries that failed (modified delivery-failed, or a consumer gone without
+        # settling): what a redelivery adds to the header's delivery-count.
+        self.failed_attempts = 0
+        self.expires: float | None = None  # seconds since the epoch; None: never
+        # The transaction (qpid_flow.core.transactions.Transaction) a transfer arrived in: it is
+        # staged there, not enqueued, until the commit.
+        self.txn: Any = None
+        # Where the properties section starts, when something that walked the encoding
+        # anyway found it (standalone reads expiry for every message): the message-id and
+        # group-id are then read without walking the sections again. -1: not known.
+        self.properties_at: int | None = -1
+        # The queue's own note on the message while a consumer holds it (a grouped queue:
+        # the group it went out in); opaque to everyone else.
+        self.queue_handle: Any = None
+        self._group_id: Any = _UNREAD
+        self._identity: Any = _UNREAD
+        self._selector_fields: Any = None
+
+    def group_id(self, header: str | None = None) -> Any:
+        """The raw group id (``properties.group-id`` or application property ``header``);
+        None when the message has none, or its encoding cannot be read."""
+        if self._group_id is _UNREAD:
+            if header is None:
+                self._group_id = self.identity()[1]
+            else:
+                try:
+                    self._group_id = codec.application_property(self.data, header)
+                except codec.MalformedMessage:
+                    self._group_id = None
+        return self._group_id
+
+    def identity(self) -> tuple[Any, Any]:
+        """Its message-id and group-id (``properties``), read in one pass on first use and
+        remembered; both None when its encoding cannot be read."""
+        if self._identity is _UNREAD:
+            try:
+                self._identity = codec.identity(self.data, self.properties_at)
+            except codec.MalformedMessage:
+                self._identity = (None, None)
+        return self._identity
+
+    def selector_fields(self) -> dict[str, Any]:
+        """What selectors read (application properties and JMS header fields), decoded on
+        first use by a consumer with a selector and remembered."""
+        if self._selector_fields is None:
+            try:
+                self._selector_fields = codec.selector_fields(self.data)
+            except codec.MalformedMessage:
+                self._selector_fields = {}
+        fields: dict[str, Any] = self._selector_fields
+        if self.delivery_count:
+            fields = {**fields, "JMSRedelivered": True, "JMSXDeliveryCount": self.delivery_count + 1}
+        return fields
+
+    def wire(self) -> bytes:
+        """The bytes to send a consumer now: as received, but a redelivery says so in its
+        header (delivery-count, first-acquirer). Decoded only for redeliveries."""
+        if self.delivery_count <= 1:
+            return self.data
+        try:
+            return codec.redelivered(self.data, self.failed_attempts)
+        except codec.MalformedMessage:
+            return self.data  # a header qpid-flow cannot read is passed on as it is
+
+    def __repr__(self) -> str:
+        return f"<Message #{self.sequence} to {self.address!r} {self.size} bytes>"
+
+
+_UNREAD: Any = object()
+
+_link_ids = itertools.count(1)
+
+
+def next_link_id() -> int:
+    """A process-wide unique id for a producer or consumer link (stable in logs)."""
+    return next(_link_ids)
+
+
+class Producer:
+    """A producer link as the policies see it.
+
+    ``address`` is None for an anonymous-relay link (each transfer names its ``to``).
+    """
+
+    __slots__ = ("address", "connection_id", "credit", "id", "last_grant", "name", "transfers", "unsettled")
+
+    def __init__(self, address: str | None, name: str = "", connection_id: str = "") -> None:
+        self.id = next_link_id()
+        self.address = address
+        self.name = name
+        self.connection_id = connection_id
+        self.credit = 0  # credit the producer holds right now
+        self.last_grant = 0  # credit it held right after the last grant
+        self.unsettled = 0  # transfers received and not yet settled back to it
+        self.transfers = 0  # transfers received in all (qpid-flow stat links)
+
+    @property
+    def anonymous(self) -> bool:
+        return self.address is None
+
+
+class Consumer:
+    """A consumer link as the policies and the destination see it.
+
+    ``deliver`` is supplied by the router: it puts a message on the wire and returns.
+    """
+
+    __slots__ = (
+        "address",
+        "browse_after",
+        "browser",
+        "connection_id",
+        "credit",
+        "deliver",
+        "delivered",
+        "held",
+        "id",
+        "name",
+        "presettled",
+        "selector",
+    )
+
+    def __init__(
+        self,
+        address: str,
+        deliver: Callable[[Consumer, Message], None],
+        presettled: bool = False,
+        name: str = "",
+        connection_id: str = "",
+        selector: Any = None,
+        browser: bool = False,
+    ) -> None:
+        self.id = next_link_id()
+        self.address = address
+        self.deliver = deliver
+        self.presettled = presettled  # at-most-once: messages count as accepted on send
+        self.name = name
+        self.connection_id = connection_id
+        self.credit = 0
+        self.delivered = 0  # messages sent to it in all (qpid-flow stat links)
+        # Messages delivered and not settled yet, by sequence number: what a detach releases.
+        self.held: dict[int, Message] = {}
+        # A JMS selector (qpid_flow.core.jms_selector.Selector): only messages it matches come.
+        self.selector = selector
+        # A browser (distribution-mode copy) gets copies, the messages stay for others;
+        # browse_after is the sequence number of the last message it saw.
+        self.browser = browser
+        self.browse_after = 0
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.id} of {self.address!r} credit={self.credit} held={len(self.held)}>"
+
+
+# --- Answers a policy gives about an arriving transfer ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Forward the transfer to its destination now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep the transfer unsettled; the policy releases it later through the router."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Settle the transfer ``rejected`` with this error condition, forwarding nothing."""
+
+    description: str
+    condition: str = "amqp:resource-limit-exceeded"
+
+
+Decision = Admit | Hold | Reject
+ADMIT = Admit()

@@ -1,0 +1,131 @@
+"""The destinations qpid-flow knows, by address, and the policies that apply to them.
+
+Policies come from the configuration file and can be added, replaced or removed at
+runtime (``qpid-flow config add destination``); every existing destination they match
+picks the change up at once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+from qpid_flow.config import DestinationPolicy, RouterConfig, is_pattern, pattern_matches, resolve_policy
+from qpid_flow.core.destination import Destination
+from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.plugin.manager import Hooks
+
+__all__ = ["TEMPORARY_PREFIX", "Destinations"]
+
+# Names of the temporary queues made for dynamic sources (request/response reply queues).
+TEMPORARY_PREFIX = "qpid-flow.temporary."
+
+
+class Destinations:
+    def __init__(self, config: RouterConfig, hooks: Hooks, memory: MemoryMeter | None = None) -> None:
+        self._config = config
+        self._hooks = hooks
+        self._memory = memory
+        self._by_address: dict[str, Destination] = {}
+        self.policies: dict[str, DestinationPolicy] = dict(config.destinations)
+        # Messages in (enqueued) and out (delivered) of destinations deleted or forgotten:
+        # router-wide totals must not go down when a destination goes.
+        self.retired_in = 0
+        self.retired_out = 0
+
+    def policy_for(self, address: str) -> DestinationPolicy:
+        return resolve_policy(self.policies, address, self._config.base_policy())
+
+    def get(self, address: str) -> Destination | None:
+        """The destination for ``address``; created if unknown and creation is allowed."""
+        destination = self._by_address.get(address)
+        if destination is not None:
+            return destination
+        if not self._config.auto_create and address not in self.policies:
+            return None
+        destination = Destination(address, self.policy_for(address), self._hooks, memory=self._memory)
+        self._by_address[address] = destination
+        self._hooks.destination_created(destination=destination)
+        return destination
+
+    def create_temporary(self) -> Destination:
+        """A new temporary destination for a dynamic source, whatever ``auto_create`` says:
+        a unique name the client gets in its attach answer, deleted with its link."""
+        address = f"{TEMPORARY_PREFIX}{uuid.uuid4().hex}"
+        destination = Destination(address, self.policy_for(address), self._hooks, memory=self._memory)
+        destination.temporary = True
+        self._by_address[address] = destination
+        self._hooks.destination_created(destination=destination)
+        return destination
+
+    def delete(self, destination: Destination) -> int:
+        """Delete ``destination``: its waiting messages are dropped (counted, and settled
+        in the event log as deleted). Returns how many were dropped."""
+        if self._by_address.get(destination.address) is not destination:
+            return 0
+        dropped = destination.delete()
+        del self._by_address[destination.address]
+        self.retired_in += destination.enqueued_total
+        self.retired_out += destination.delivered_total
+        self._hooks.destination_deleted(destination=destination)
+        return dropped
+
+    def forget_idle(self, now: float, idle_timeout: float) -> int:
+        """Delete auto-created destinations unused (no producer, consumer or message) for
+        ``idle_timeout`` seconds: one-off names must not pile up. Destinations named in
+        the configuration stay. Returns how many went."""
+        forgotten = 0
+        for destination in list(self._by_address.values()):
+            if not destination.unused or destination.address in self.policies:
+                destination.idle_since = None
+            elif destination.idle_since is None:
+                destination.idle_since = now
+            elif now - destination.idle_since >= idle_timeout:
+                self.delete(destination)
+                forgotten += 1
+        if forgotten > 1000:
+            # A dict keeps the table it grew to: copy it so that a burst of names gives
+            # its memory back.
+            self._by_address = dict(self._by_address)
+        return forgotten
+
+    def create_configured(self) -> None:
+        """Configured names (not patterns) exist from the start, like declared queues."""
+        for name in list(self.policies):
+            if not is_pattern(name):
+                self.get(name)
+
+    def find(self, address: str) -> Destination | None:
+        """The destination for ``address`` if it exists (never creates one)."""
+        return self._by_address.get(address)
+
+    def set_policy(self, name: str, policy: DestinationPolicy) -> list[Destination]:
+        """Add or replace the policy for ``name`` (a name or pattern); returns the
+        destinations whose policy changed. Raises ConfigError for impossible values."""
+        self._config.check_flow_limits(policy.merged_over(self._config.base_policy()), f'destinations."{name}"')
+        self.policies[name] = policy
+        return self._reapply(name)
+
+    def remove_policy(self, name: str) -> list[Destination]:
+        """Remove the policy for ``name``; KeyError if there is none."""
+        del self.policies[name]
+        return self._reapply(name)
+
+    def _reapply(self, name: str) -> list[Destination]:
+        changed = []
+        for destination in self._by_address.values():
+            if destination.address == name or pattern_matches(name, destination.address):
+                destination.policy = self.policy_for(destination.address)
+                self._hooks.destination_policy_changed(destination=destination)
+                changed.append(destination)
+        return changed
+
+    def expire(self, now: float) -> int:
+        """Drop the waiting messages whose time to live ran out, everywhere; how many."""
+        return sum(d.expire(now) for d in list(self._by_address.values()) if d.expiring)
+
+    def __iter__(self) -> Iterator[Destination]:
+        return iter(list(self._by_address.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_address)

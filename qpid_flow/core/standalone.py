@@ -1,0 +1,61 @@
+"""Standalone mode: qpid-flow's destinations are the queues (bounded, in memory)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from qpid_flow import codec
+from qpid_flow.core.model import Outcome, Settlement
+
+if TYPE_CHECKING:
+    from qpid_flow.core.backend import OutcomeCallback
+    from qpid_flow.core.destination import Destination
+    from qpid_flow.core.model import Message
+
+__all__ = ["StandaloneBackend"]
+
+_ACCEPTED = Settlement.accepted()
+
+
+class StandaloneBackend:
+    """Messages are enqueued on their destination, accepted once they are there."""
+
+    def writable(self, address: str | None) -> bool:
+        return True
+
+    def producer_attached(self, destination: Destination) -> None:
+        pass
+
+    def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
+        try:
+            message.expires, message.properties_at = codec.expiry_and_properties(message.data, time.time())
+        except codec.MalformedMessage:
+            message.expires = None  # not for qpid-flow to judge: it is passed on as sent
+        if message.expires is not None:
+            destination.expiring = True
+        if not destination.has_room_for(message) and destination.policy.policy == "ring":
+            # A ring keeps the newest messages: make room by dropping the oldest waiting.
+            while not destination.has_room_for(message) and destination.drop_oldest():
+                pass
+        if not destination.has_room_for(message):
+            # A full queue refuses, as qpidd's default limit policy does.
+            done(message, Settlement(Outcome.REJECTED, "amqp:resource-limit-exceeded", destination.limit_description()))
+            return
+        destination.enqueue(message)
+        done(message, _ACCEPTED)
+
+    def consumer_attached(self, destination: Destination) -> None:
+        pass
+
+    def consumer_detached(self, destination: Destination) -> None:
+        pass
+
+    def demand_changed(self, destination: Destination) -> None:
+        pass
+
+    def in_flight(self) -> int:
+        return 0
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,328 @@
+"""Producer flow control (Qpid C++ broker and ActiveMQ semantics), as a plugin.
+
+Per destination, a :class:`~qpid_flow.policies.flow_control.thresholds.FlowState` follows the depth; what happens
+when it is ON depends on the destination's ``limit_policy``:
+
+- ``flow`` (default): producers are held back. Named-target links get credit in
+  increments never exceeding the headroom below the stop threshold (so the transfer that
+  crosses it is the last one admitted), and none while ON. Anonymous-relay links cannot
+  be stopped per destination by credit: their transfers to a destination that is ON are
+  forwarded but their settlement waits until it is OFF again (qpidd's withheld
+  completion).
+- ``flow`` with ``reject_after``: a transfer arriving while ON waits, unforwarded, and is
+  rejected if the destination is still ON when the timeout passes (ActiveMQ
+  ``sendFailIfNoSpaceAfterTimeout``).
+- ``reject``: a transfer arriving while ON is rejected at once (``sendFailIfNoSpace``).
+- ``ring``: never flow-controlled (the destination drops its oldest message instead).
+
+Router-wide, while the bytes qpid-flow holds exceed ``memory_limit`` no producer gets
+credit. Operators can stop and start all producers of a destination pattern.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from qpid_flow import hookimpl
+from qpid_flow.config import build_config, pattern_matches
+from qpid_flow.core.credit import window_need
+from qpid_flow.core.model import Hold, Outcome, Reject
+from qpid_flow.policies.flow_control.thresholds import FlowState, FlowTransition
+
+if TYPE_CHECKING:
+    from qpid_flow.config import RouterConfig
+    from qpid_flow.core.destination import Destination
+    from qpid_flow.core.model import Decision, Message, Producer, Settlement
+    from qpid_flow.plugin.control import RouterControl
+
+log = structlog.get_logger(__name__)
+
+STATE_KEY = "flow"
+# Reactor timers may fire a little before the deadline by our clock: close enough is due.
+_TIMER_SLACK = 0.005
+
+
+@dataclass
+class _Entry:
+    """What the plugin keeps per destination."""
+
+    state: FlowState
+    starved: bool = False  # a producer got less credit than it wanted: re-ask when depth falls
+    wake_pending: bool = False
+    deadlines: dict[int, float] = field(default_factory=dict)  # reject_after: message sequence -> deadline
+    timer_due: float | None = None  # reject_after: when the pending re-check fires
+
+
+class Plugin:
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._config: RouterConfig | None = None
+        self._control: RouterControl | None = None
+        self._window = 100
+        self._stopped_patterns: set[str] = set()  # "producers stop PATTERN"
+        self._wake_all_pending = False
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @hookimpl
+    def qpid_flow_configure(self, config: RouterConfig) -> None:
+        self._config = config
+        self._window = config.producer_window
+
+    @hookimpl
+    def qpid_flow_started(self, control: RouterControl) -> None:
+        self._control = control
+        control.memory.on_below = lambda: self._wake_soon(None)
+
+    @hookimpl
+    def qpid_flow_destination_created(self, destination: Destination) -> None:
+        self._entry(destination)
+
+    @hookimpl
+    def qpid_flow_destination_policy_changed(self, destination: Destination) -> None:
+        entry = self._entry(destination)
+        transition = entry.state.change_limits(
+            self._limits_for(destination), destination.depth, destination.bytes, self._clock()
+        )
+        log.info("flow_policy_changed", address=destination.address, **entry.state.limits.as_dict())
+        self._transitioned(destination, entry, transition)
+        self._wake_soon(destination.address)  # a looser policy may free credit at once
+
+    def _limits_for(self, destination: Destination) -> Any:
+        if self._config is None:
+            self._config = build_config({})
+        limits, warnings = self._config.flow_limits(destination.policy)
+        for warning in warnings:
+            log.warning("flow_config_warning", address=destination.address, warning=warning)
+        return limits
+
+    def _entry(self, destination: Destination) -> _Entry:
+        entry: _Entry | None = destination.plugin_state.get(STATE_KEY)
+        if entry is None:  # a destination made outside the registry (tests, other plugins)
+            entry = destination.plugin_state[STATE_KEY] = _Entry(FlowState(self._limits_for(destination)))
+        return entry
+
+    # --- following the depth ----------------------------------------------------------------
+
+    @hookimpl
+    def qpid_flow_depth_changed(self, destination: Destination) -> None:
+        entry = self._entry(destination)
+        transition = entry.state.update(destination.depth, destination.bytes, self._clock())
+        if transition is not None:
+            self._transitioned(destination, entry, transition)
+        elif entry.starved:
+            # A producer got less credit than it asked for: the room, or what we know of
+            # message sizes, has changed since; ask again for everyone (once per turn).
+            self._wake_soon(destination.address)
+
+    @hookimpl
+    def qpid_flow_producer_detached(self, destination: Destination | None) -> None:
+        # The credit it held is free again: whoever went short may have it.
+        if destination is not None and self._entry(destination).starved:
+            self._wake_soon(destination.address)
+
+    def _transitioned(self, destination: Destination, entry: _Entry, transition: FlowTransition | None) -> None:
+        if transition is None:
+            return
+        log.info(
+            transition.value,
+            address=destination.address,
+            depth=destination.depth,
+            bytes=destination.bytes,
+            flowStoppedCount=entry.state.stopped_count,
+            **entry.state.limits.as_dict(),
+        )
+        if self._control is not None:
+            self._control.hooks.flow_changed(
+                destination=destination,
+                stopped=transition is FlowTransition.STOPPED,
+                limits=entry.state.limits.as_dict(),
+            )
+        if transition is FlowTransition.RESUMED:
+            self._wake_soon(destination.address)
+
+    def _wake_soon(self, address: str | None) -> None:
+        """Re-ask for credit, held transfers and delayed settlements, once, after this event.
+
+        Deferred to the next turn of the reactor: the depth changes in the middle of
+        forwarding a message, and waking there would re-enter the data path.
+        """
+        control = self._control
+        if control is None:
+            return
+        if address is None:
+            if not self._wake_all_pending:
+                self._wake_all_pending = True
+                control.schedule(0, self._wake_all)
+            return
+        destination = control.destination(address)
+        if destination is None:
+            return
+        entry = self._entry(destination)
+        if entry.wake_pending:
+            return
+        entry.wake_pending = True
+
+        def wake() -> None:
+            entry.wake_pending = False
+            entry.starved = False
+            control.wake(address)
+
+        control.schedule(0, wake)
+
+    def _wake_all(self) -> None:
+        self._wake_all_pending = False
+        if self._control is not None:
+            self._control.wake(None)
+
+    # --- the questions ------------------------------------------------------------------
+
+    def _blocked(self, destination: Destination) -> bool:
+        """Producers of this destination must wait: flow is ON or an operator stopped them."""
+        return self._entry(destination).state.stopped or self.stopped_by_operator(destination.address)
+
+    def holds_producers(self, destination: Destination) -> bool:
+        """Whether this destination's producers wait now: its flow is stopped, an operator
+        stopped them, or the router is over its memory limit."""
+        return self._blocked(destination) or (self._control is not None and self._control.memory.over)
+
+    def stopped_by_operator(self, address: str) -> bool:
+        return any(p == address or pattern_matches(p, address) for p in self._stopped_patterns)
+
+    @hookimpl
+    def qpid_flow_producer_credit(self, producer: Producer, destination: Destination | None) -> int:
+        control = self._control
+        if control is not None and control.memory.over:
+            return 0
+        need = window_need(self._window, producer)
+        if not need or destination is None:
+            return need  # anonymous relay: held back by settlement instead
+        if self.stopped_by_operator(destination.address):
+            return 0
+        policy = destination.policy
+        if policy.policy != "flow" or policy.reject_after is not None:
+            return need  # reject / reject_after must see the transfers to answer them
+        entry = self._entry(destination)
+        limits = entry.state.limits
+        if not limits.enabled:
+            return need
+        # Until a message of this destination has been seen its size is unknown: assume
+        # the size that lets a full window in below the stop size, so the first grant is a
+        # normal window (a client may send only in its first on_sendable). The depth can
+        # then pass the stop size once, by at most that first window; every later grant
+        # is sized by the largest message seen.
+        message_size = destination.largest_message or max(1, limits.stop_size // (self._window + 1))
+        headroom = entry.state.headroom(destination.depth, destination.bytes, message_size)
+        if headroom is None:
+            return need
+        outstanding = sum(p.credit for p in destination.producers)
+        grant = min(need, headroom - outstanding)
+        if grant < need:
+            entry.starved = True
+        return max(0, grant)
+
+    @hookimpl
+    def qpid_flow_transfer_arrived(self, message: Message, destination: Destination) -> Decision | None:
+        policy = destination.policy
+        if policy.policy == "reject":
+            return Reject(self._full(destination)) if self._blocked(destination) else None
+        if policy.reject_after is None:
+            return None
+        entry = self._entry(destination)
+        if not self._blocked(destination):
+            entry.deadlines.pop(message.sequence, None)
+            return None
+        now = self._clock()
+        deadline = entry.deadlines.setdefault(message.sequence, now + policy.reject_after)
+        remaining = deadline - now
+        if remaining <= _TIMER_SLACK:
+            del entry.deadlines[message.sequence]
+            return Reject(f"{self._full(destination)}; waited {policy.reject_after:g}s")
+        self._wake_at(destination, entry, remaining)
+        return Hold("flow stopped")
+
+    def _wake_at(self, destination: Destination, entry: _Entry, delay: float) -> None:
+        """Re-ask about held transfers after ``delay``; one timer per destination, the earliest."""
+        control = self._control
+        if control is None:
+            return
+        due = self._clock() + delay
+        if entry.timer_due is not None and entry.timer_due <= due:
+            return
+        entry.timer_due = due
+        address = destination.address
+
+        def fire() -> None:
+            if entry.timer_due == due:
+                entry.timer_due = None
+            control.wake(address)
+
+        control.schedule(delay, fire)
+
+    @hookimpl
+    def qpid_flow_settlement_delay(
+        self, producer: Producer, destination: Destination, settlement: Settlement
+    ) -> bool | None:
+        if not producer.anonymous or settlement.outcome is not Outcome.ACCEPTED:
+            return None
+        policy = destination.policy
+        if policy.policy != "flow" or policy.reject_after is not None:
+            return None
+        return self._blocked(destination)
+
+    def _full(self, destination: Destination) -> str:
+        limits = self._entry(destination).state.limits
+        if self.stopped_by_operator(destination.address):
+            return f"producers of {destination.address!r} are stopped by an operator"
+        return (
+            f"destination {destination.address!r} is full: depth {destination.depth} messages / "
+            f"{destination.bytes} bytes, flow_stop_count {limits.stop_count}, flow_stop_size {limits.stop_size}"
+        )
+
+    # --- operators ----------------------------------------------------------------------
+
+    def stop_producers(self, pattern: str) -> None:
+        self._stopped_patterns.add(pattern)
+        log.info("producers_stopped", pattern=pattern)
+
+    def start_producers(self, pattern: str) -> bool:
+        """Undo ``stop_producers(pattern)`` (``>`` starts everything). False if nothing was stopped."""
+        if pattern == ">":
+            found = bool(self._stopped_patterns)
+            self._stopped_patterns.clear()
+        else:
+            found = pattern in self._stopped_patterns
+            self._stopped_patterns.discard(pattern)
+        if found:
+            log.info("producers_started", pattern=pattern)
+            self._wake_soon(None)
+        return found
+
+    @property
+    def stopped_patterns(self) -> list[str]:
+        return sorted(self._stopped_patterns)
+
+    # --- statistics -----------------------------------------------------------------------
+
+    @hookimpl
+    def qpid_flow_destination_stats(self, destination: Destination) -> dict[str, Any]:
+        entry = self._entry(destination)
+        state = entry.state
+        blocked = self._blocked(destination) or (self._control is not None and self._control.memory.over)
+        named_blocked = sum(1 for p in destination.producers if p.credit == 0) if blocked else 0
+        control = self._control
+        delayed = control.delayed_producers(destination.address) if control is not None else 0
+        held = control.held_transfers(destination.address) if control is not None else 0
+        return {
+            "flowStopped": state.stopped,
+            "flowStoppedCount": state.stopped_count,
+            "flowStoppedSeconds": round(state.seconds_stopped(self._clock()), 3),
+            "producersStopped": self.stopped_by_operator(destination.address),
+            "producersBlocked": named_blocked + delayed,
+            "transfersHeld": held,  # arrived, unsettled, waiting for room (reject_after)
+            **state.limits.as_dict(),
+        }

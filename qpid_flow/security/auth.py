@@ -1,0 +1,181 @@
+"""Standalone sign-in: PLAIN against the users file, EXTERNAL, ANONYMOUS (no Proton here).
+
+The gate (:mod:`qpid_flow.amqp.gate`) asks :class:`Authenticator` what to offer each client and
+whether its sasl-init names someone:
+
+- PLAIN (offered once ``users_file`` is set): the password is checked against the file's
+  salted scrypt hash. A slow hash is slow on purpose (tens of milliseconds), so it runs on a
+  worker thread (``hashlib.scrypt`` lets go of the GIL) and the answer comes back through
+  ``call_soon``: the reactor keeps moving messages while a client signs in. A name and
+  password that passed once are remembered (as a keyed digest, never the password) until the
+  file changes, so a thousand clients of one service user cost one hash, not a thousand.
+- EXTERNAL (offered to a client whose TLS certificate was verified): the identity is the
+  certificate's common name; an authorization identity, if sent, must be that name.
+- ANONYMOUS (offered while no users file is configured, or with ``allow_anonymous = true``).
+
+The users file is read again when its modification time changes: ``qpid-flow user add``
+takes effect at the next sign-in, without a restart. A file that no longer reads keeps the
+users last read, with a warning.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from qpid_flow.config import ConfigError
+from qpid_flow.security.access import ANONYMOUS_USER
+
+if TYPE_CHECKING:
+    from qpid_flow.security.sasl import SaslInit
+
+__all__ = ["Authenticator", "PasswordCheck", "claimed_user", "parse_plain"]
+
+log = structlog.get_logger(__name__)
+
+
+class PasswordCheck(Protocol):
+    """What the authenticator needs of a users file (:class:`qpid_flow.security.users.UsersFile`)."""
+
+    def verify(self, name: str, password: str) -> bool: ...
+
+
+def parse_plain(response: bytes | None) -> tuple[str, str, str] | None:
+    """PLAIN's initial response (RFC 4616) as (authzid, authcid, password); None if malformed."""
+    if not response:
+        return None
+    parts = response.split(b"\0")
+    if len(parts) != 3 or not parts[1]:
+        return None
+    try:
+        authzid, authcid, password = (part.decode("utf-8") for part in parts)
+    except UnicodeDecodeError:
+        return None
+    return authzid, authcid, password
+
+
+def claimed_user(init: SaslInit | None) -> str:
+    """Who a client says it is in a sasl-init relayed to a broker (PLAIN's authcid): the
+    broker checks the password; qpid-flow's ACLs then apply to that name."""
+    credentials = None if init is None or init.mechanism != "PLAIN" else parse_plain(init.initial_response)
+    return ANONYMOUS_USER if credentials is None else credentials[1]
+
+
+class Authenticator:
+    """The sign-in rules of standalone mode (see the module doc)."""
+
+    def __init__(
+        self,
+        users_file: str | None,
+        allow_anonymous: bool,
+        load_users: Callable[[str], PasswordCheck],
+        call_soon: Callable[[Callable[[], None]], None],
+        workers: int = 2,
+    ) -> None:
+        self._path = users_file
+        self._allow_anonymous = allow_anonymous
+        self._load_users = load_users
+        self._call_soon = call_soon
+        self._users: PasswordCheck | None = None
+        self._version: int | None = None
+        self._passed: set[bytes] = set()
+        self._key = secrets.token_bytes(32)  # keys the remembered digests to this process
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._workers = workers
+        if users_file is not None:
+            self._reload(first=True)
+
+    def mechanisms(self, certificate_name: str | None) -> tuple[str, ...]:
+        offered = []
+        if certificate_name is not None:
+            offered.append("EXTERNAL")
+        if self._path is not None:
+            offered.append("PLAIN")
+        if self._allow_anonymous:
+            offered.append("ANONYMOUS")
+        return tuple(offered)
+
+    def skipping_sasl(self, certificate_name: str | None) -> str | None:
+        if certificate_name is not None:
+            return certificate_name  # TLS already said who it is
+        return ANONYMOUS_USER if self._allow_anonymous else None
+
+    def sign_in(self, init: SaslInit, certificate_name: str | None, done: Callable[[str | None], None]) -> None:
+        mechanism = init.mechanism
+        if mechanism == "ANONYMOUS" and self._allow_anonymous:
+            done(ANONYMOUS_USER)
+        elif mechanism == "EXTERNAL" and certificate_name is not None:
+            claimed = (init.initial_response or b"").decode("utf-8", "replace")
+            done(certificate_name if claimed in ("", certificate_name) else None)
+        elif mechanism == "PLAIN" and self._path is not None:
+            self._plain(init.initial_response, done)
+        else:
+            done(None)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _plain(self, response: bytes | None, done: Callable[[str | None], None]) -> None:
+        credentials = parse_plain(response)
+        if credentials is None:
+            done(None)
+            return
+        authzid, name, password = credentials
+        if authzid not in ("", name):
+            done(None)  # acting as someone else is not something a users file can grant
+            return
+        self._reload()
+        users = self._users
+        if users is None:
+            done(None)
+            return
+        digest = hmac.digest(self._key, name.encode() + b"\0" + password.encode(), hashlib.sha256)
+        if digest in self._passed:
+            done(name)
+            return
+        version = self._version
+
+        def check() -> None:
+            passed = users.verify(name, password)
+
+            def answer() -> None:
+                if passed and version == self._version:
+                    self._passed.add(digest)
+                done(name if passed else None)
+
+            self._call_soon(answer)
+
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="qpid-flow-auth")
+        self._pool.submit(check)
+
+    def _reload(self, first: bool = False) -> None:
+        assert self._path is not None
+        try:
+            version = os.stat(self._path).st_mtime_ns
+        except OSError as exc:
+            if first:
+                raise ConfigError("users_file", self._path, f"cannot be read: {exc.strerror}") from exc
+            log.warning("users_file_unreadable", path=self._path, error=exc.strerror)
+            return
+        if version == self._version:
+            return
+        try:
+            users = self._load_users(self._path)
+        except ConfigError as exc:
+            if first:
+                raise
+            log.warning("users_file_invalid", path=self._path, error=str(exc))
+            return
+        self._users, self._version = users, version
+        self._passed.clear()
+        if not first:
+            log.info("users_file_reloaded", path=self._path)
