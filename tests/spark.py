@@ -10,6 +10,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")  # the analytics extra; CI always installs it
     from qpid_flow.analytics.session import build_session
 
     session = build_session(driver_memory="1g")

@@ -794,9 +794,6 @@ class Router(Handler):
                 destination.release_held(consumer)
                 consumer.credit = 0
 
-    def unsettled_producer_transfers(self) -> int:
-        return sum(producer.unsettled for producer, _ in self._producers.values())
-
     def close_connections(self, description: str) -> None:
         for conn in list(self.connections):
             if conn.state & Endpoint.LOCAL_ACTIVE:

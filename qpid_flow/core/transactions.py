@@ -127,10 +127,6 @@ class Transaction:
         # A discharge that waits for the undecided transfers: the router's handle on it.
         self.waiting: Any = None
 
-    @property
-    def staged_bytes(self) -> int:
-        return sum(message.size for _, message in self.transfers)
-
     def stage_transfer(self, destination: Destination, message: Message) -> None:
         self.transfers.append((destination, message))
 

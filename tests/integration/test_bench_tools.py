@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,8 @@ import pytest
 from .harness.cexamples import ProtonCExamples, build_c_program
 from .harness.clients import unique_address
 from .harness.net import free_port, port_accepts
-from .harness.router import StartRouter
+from .harness.router import StartRouter, admin_request
+from .harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -60,13 +63,25 @@ def test_minimal_relay_passes_c_clients_through(relay_port: int, proton_c_exampl
     assert "2000 messages received" in out
 
 
+def consumers_of(admin: str, address: str) -> int:
+    """How many consumers ``address`` has, from qpid-flow's admin endpoint (0 before it exists)."""
+    try:
+        with urllib.request.urlopen(admin_request(admin, f"/v1/destinations/{address}"), timeout=10) as response:
+            return int(json.load(response)["consumers"])
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return 0
+        raise
+
+
 def test_c_latency_clients_time_every_message(tmp_path: Path, qpid_flow_process: StartRouter) -> None:
     exe = build_c_program(ROOT / "bench" / "c" / "latency.c", tmp_path)
-    router = qpid_flow_process()
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(extra_args=["--admin", admin])
     address = unique_address("latency")
     argv = ["127.0.0.1", str(router.port), address, "500"]
     receiver = subprocess.Popen([str(exe), "receive", *argv], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+    wait_until(lambda: consumers_of(admin, address) >= 1)  # the receiver is attached before the sender sends
     sent = subprocess.run([str(exe), "send", *argv, "1000"], capture_output=True, text=True, timeout=60)
     out, _ = receiver.communicate(timeout=60)
     produced, consumed = json.loads(sent.stdout), json.loads(out)

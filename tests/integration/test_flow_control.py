@@ -23,6 +23,7 @@ from proton.reactor import Container
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
 from .harness.router import ADMIN_TOKEN_VARIABLE, admin_request
+from .harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -35,10 +36,16 @@ class Router:
         self.url = process.url
         self.admin = admin
 
-    def stat(self, name: str) -> dict[str, Any]:
+    def records(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(admin_request(self.admin, "/v1/destinations"), timeout=10) as response:
-            records = json.load(response)["destinations"]
-        return next(r for r in records if r["name"] == name)
+            return json.load(response)["destinations"]
+
+    def stat(self, name: str) -> dict[str, Any]:
+        return next(r for r in self.records() if r["name"] == name)
+
+    def stat_if_any(self, name: str) -> dict[str, Any]:
+        """``name``'s record, or an empty one while it does not exist yet (for waiting on it)."""
+        return next((r for r in self.records() if r["name"] == name), {})
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -203,7 +210,7 @@ def test_a_blocked_producer_does_not_stop_consuming_on_the_same_connection(start
     client = SendAndReceiveOnOneConnection(router.url, full, other, expect=300)
     thread = threading.Thread(target=Container(client).run, daemon=True)
     thread.start()
-    time.sleep(1.0)  # the client's sender has filled `full` and is blocked by now
+    wait_until(lambda: router.stat_if_any(full).get("flowStopped"))  # the client's sender filled `full`
     feeder = Producer(router.url, other, [make_message("feeder", i) for i in range(300)])
     run_all(feeder)
     assert client.done.wait(60)
@@ -252,7 +259,8 @@ def test_reject_after_admits_what_waited_if_space_comes_in_time(start_router) ->
     )
     producer = Producer(router.url, name, [make_message("p", i) for i in range(15)])
     threads = start(producer)
-    time.sleep(0.5)
+    # Space comes only once the producer is stopped with the 4 past the threshold held.
+    wait_until(lambda: router.stat_if_any(name).get("transfersHeld", 0) >= 4)
     consumer = Consumer(router.url, name, count=15, prefetch=5)
     run_all(consumer)
     for t in threads:
@@ -293,7 +301,9 @@ def test_anonymous_relay_settles_the_free_destination_at_once_and_the_stopped_on
         messages.append(m)
     producer = Producer(router.url, None, messages, timeout=60)
     threads = start(producer)
-    time.sleep(2.0)
+    # The free destination's 16 settle at once. The stopped one's 4, sent among them, must
+    # not: the assertions below check that, and the last one that they waited for the drain.
+    wait_until(lambda: len(producer.outcomes) >= 16 and router.stat(stopped)["producersBlocked"] >= 1)
     settled = dict(producer.outcomes)
     assert sorted(settled) == [i for i in range(20) if i % 5], "only the free destination's transfers settled"
     assert router.stat(stopped)["producersBlocked"] == 1
@@ -326,7 +336,7 @@ def test_policy_change_and_operator_stop_start_at_runtime(start_router) -> None:
     assert router.cli("producers", "stop", name).returncode == 0
     second = Producer(router.url, name, [make_message("q", i) for i in range(50)], timeout=60)
     threads = start(second)
-    time.sleep(1.5)
+    time.sleep(1.5)  # fixed: a while in which nothing may happen (no credit), not a wait for something
     assert len(second.outcomes) == 0, "stopped producers get no credit"
     assert router.stat(name)["producersStopped"] is True
     assert router.cli("producers", "start", name).returncode == 0
@@ -411,7 +421,7 @@ def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabb
     assert (record["depth"], record["flowStopped"]) == (950, True), record
     producer = Producer(router.url, name, [make_message("p", i) for i in range(20)], timeout=60)
     threads = start(producer)
-    time.sleep(1.5)
+    time.sleep(1.5)  # fixed: three readings of the broker's depth in which nothing may be accepted
     assert producer.outcomes == {}, "the broker's backlog keeps producers stopped"
     consumer = Consumer(router.url, name, count=970, prefetch=50, timeout=60)
     run_all(consumer)
@@ -439,7 +449,9 @@ def test_messages_a_consumer_holds_unsettled_still_count_against_the_broker_back
     while len(holder.received) < 950 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(holder.received) == 950
-    time.sleep(1.0)  # five readings of the broker's depth, each 0 ready
+    # Fixed: five readings of the broker's depth, each 0 ready, that must not lower it (the
+    # plugin shows no count of its readings to wait on).
+    time.sleep(1.0)
     record = router.stat(name)
     assert (record["depth"], record["flowStopped"], record["flowStoppedCount"]) == (950, True, 1), record
     stop.set()  # the consumer goes: its 950 go back to the broker, ready again

@@ -99,7 +99,7 @@ def died_report(router: RouterProcess, suspects: Sequence[Input], start: Start, 
 def test_sasl_init_with_a_null_mechanism_closes_that_connection_only(start: Start) -> None:
     router = start()
     result = send_one(router.host, router.port, from_units(0, "null mechanism", [NULL_MECHANISM_INIT]), 5.0)
-    time.sleep(0.2)
+    time.sleep(0.2)  # fixed: time for qpid-flow to die of it, if it would
     assert router.returncode is None, f"qpid-flow died on the 23-byte sasl-init:\n{log_tail(router)}"
     said = answers(result.response)
     refused = [a for a in said if a.startswith("sasl-outcome") and a != "sasl-outcome 00"]
@@ -117,7 +117,7 @@ def test_more_than_8_kib_sent_with_the_sasl_init_closes_that_connection_only(sta
     router = start()
     data = SASL_HEADER + ANONYMOUS_INIT + AMQP_HEADER + bytes(8192)
     result = send_one(router.host, router.port, from_units(0, "8 KiB pipelined", [data]), 5.0)
-    time.sleep(0.5)
+    time.sleep(0.5)  # fixed: time for qpid-flow to die of it, if it would
     assert router.returncode is None, (
         f"qpid-flow died on {len(data)} bytes sent at once: {data[:60].hex()}... + zeros\n{log_tail(router)}"
     )
@@ -132,7 +132,7 @@ def test_a_client_gone_right_after_its_first_bytes_is_forgotten(start: Start) ->
     router = start()
     for first in (AMQP_HEADER, SASL_HEADER + ANONYMOUS_INIT, SASL_HEADER):
         send_one(router.host, router.port, from_units(0, "gone at once", [first], hang_up=True), 0)
-        time.sleep(0.5)
+        time.sleep(0.5)  # fixed: time for qpid-flow to die of it, if it would
         assert router.returncode is None, (
             f"qpid-flow died after a client sent {first.hex()} and left\n{log_tail(router)}"
         )
@@ -147,7 +147,7 @@ def test_an_attach_with_a_malformed_properties_array_closes_that_connection_only
     units = [*load_session()[:8], ATTACH_WITH_LYING_PROPERTIES]
     assert [describe(u) for u in units if isinstance(u, bytes)][-2:] == ["begin", "attach"]
     send_one(router.host, router.port, from_units(0, "lying properties", units), 2.0)
-    time.sleep(0.5)
+    time.sleep(0.5)  # fixed: time for qpid-flow to die of it, if it would
     assert router.returncode is None, (
         f"qpid-flow died on an attach {ATTACH_WITH_LYING_PROPERTIES.hex()}\n{log_tail(router)}"
     )

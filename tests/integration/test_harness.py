@@ -23,6 +23,7 @@ from .harness.clients import (
 )
 from .harness.net import free_ports, port_accepts
 from .harness.router import RouterStartError, StartRouter, start_router
+from .harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -96,9 +97,16 @@ def test_fresh_broker_kill_and_restart_on_same_port(fresh_rabbitmq: Broker) -> N
         except BaseException as e:
             errors.append(e)
 
+    def attached() -> bool:  # RabbitMQ declares the queue of a plain address on attach
+        try:
+            broker.queue_depth(address)
+        except LookupError:
+            return False
+        return True
+
     t = threading.Thread(target=wait_for_messages)
     t.start()
-    time.sleep(1.0)  # let it attach
+    wait_until(attached)
     t0 = time.monotonic()
     broker.kill()
     t.join(20)

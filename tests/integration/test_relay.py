@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -17,6 +18,7 @@ from proton import Message
 
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
+from .harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +55,7 @@ def test_ten_thousand_messages_two_producers_three_consumers(router) -> None:
     deadline = time.monotonic() + 120
     while sum(len(c.received) for c in consumers) < total and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(0.5)  # a duplicate, if any, would arrive now
+    time.sleep(0.5)  # fixed: a duplicate, if any, would arrive now (nothing to wait for when all is well)
     done.set()
     for t in consumer_threads:
         t.join(30)
@@ -169,7 +171,7 @@ def test_garbage_bytes_close_that_connection_and_others_carry_on(router) -> None
     producer = Producer(router.url, address, [make_message("p", i) for i in range(3000)])
     consumer = Consumer(router.url, address, count=3000, prefetch=50)
     threads = start(producer, consumer)
-    time.sleep(0.3)
+    wait_until(lambda: consumer.received)  # the garbage comes while messages flow
     replies = []
     for junk in (
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -203,7 +205,7 @@ def test_bad_configuration_refuses_to_start_with_one_line(tmp_path) -> None:
     config = tmp_path / "qpid-flow.toml"
     config.write_text('[destinations."orders"]\nmax_count = -3\n')
     result = subprocess.run(
-        ["python", "-m", "qpid_flow", "serve", "--config", str(config), "--listen", "127.0.0.1:1"],
+        [sys.executable, "-m", "qpid_flow", "serve", "--config", str(config), "--listen", "127.0.0.1:1"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -249,9 +251,9 @@ def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_fl
         time.sleep(0.05)
     assert len(producer.outcomes) >= 800, "the producer did not get going"
     fresh_rabbitmq.kill()
-    time.sleep(1.0)
+    wait_until(lambda: producer.reconnects >= 1)  # qpid-flow ended the producer's connection
     settled_while_down = len(producer.outcomes)
-    time.sleep(2.0)
+    time.sleep(2.0)  # fixed: a while in which nothing may be settled, not a wait for something
     # While the broker is away nothing is settled, and the client was told.
     assert len(producer.outcomes) == settled_while_down
     assert producer.reconnects >= 1

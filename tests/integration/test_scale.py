@@ -50,6 +50,7 @@ from proton.reactor import Container
 
 from .harness.broker import Broker
 from .harness.router import RouterProcess, StartRouter
+from .harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -453,7 +454,8 @@ def start_clients(url: str, pids: dict[str, int | None]) -> tuple[ScaleDriver, t
 def test_a_thousand_clients_round_trip_through_qpid_flow(rabbitmq: Broker, qpid_flow_process: StartRouter) -> None:
     router: RouterProcess = qpid_flow_process(broker_url=rabbitmq.url)
     broker_pid: int | None = getattr(rabbitmq, "pid", None)  # None: a broker the harness does not run
-    time.sleep(1.0)  # qpid-flow's own (group reader) connection settles first
+    # qpid-flow's own (group reader) connection is established first.
+    wait_until(lambda: established_to(router.pid, rabbitmq.port) >= 1)
     rss_before = rss_kib(router.pid)
     upstream_before = established_to(router.pid, rabbitmq.port)
 

@@ -84,7 +84,7 @@ def test_expired_messages_are_never_delivered_and_counted(qpid_flow_process: Sta
         sender.send(Message(body="short-lived", ttl=1.0))
         sender.send(Message(body="kept"))
         sender.send(Message(body="short-lived too", ttl=1.0))
-        time.sleep(2.5)
+        time.sleep(2.5)  # fixed: the time to live (1 s) must run out; nothing to wait on
         received = run_rhea(router.url, "receive", "ttl.q", "3", "3000")
         assert received["received"] == ["kept"], received
         stats = _destination(admin, "ttl.q")

@@ -74,7 +74,9 @@ def both(rabbitmq: Broker, qpid_flow_process: StartRouter) -> Both:
 
 
 def settle_time() -> None:
-    """A short pause for anything late (a duplicate, an extra delivery) to arrive."""
+    """A short pause for anything late (a duplicate, an extra delivery) to arrive.
+
+    Fixed: it gives what must not come the time to come; there is nothing to wait on."""
     time.sleep(0.3)
 
 
@@ -232,7 +234,7 @@ def untakeable(target: Target, kind: str) -> Untakeable:
             seen = bystander.result()
         left = time.time()
         client_logins = amqp10_logins_since(broker, started).count(user)
-        time.sleep(QUIET)
+        time.sleep(QUIET)  # fixed: a while in which no reconnect may sign in again
         after = len(amqp10_logins_since(broker, left))
         still = open_connections_of(broker, user)
         with Peer(target.url) as consumer:
@@ -375,7 +377,7 @@ def ttl(target: Target) -> Ttl:
         sender = p.sender(address)
         p.send(sender, message("short-lived", ttl=0.2))
         p.wait(lambda: all(sender.outcomes) or p.ended)
-        time.sleep(1.0)
+        time.sleep(1.0)  # fixed: the time to live (200 ms) must run out while it waits in the queue
         receiver = p.receiver(address, credit=5)
         p.wait(lambda: bool(receiver.received), 1.0)
         expired = bodies(receiver)

@@ -5,6 +5,7 @@ for the JVM: it writes its partial file once its stdin closes, as the JVM does."
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +16,11 @@ from types import SimpleNamespace
 import pytest
 
 from qpid_flow.analytics.class_archive import ClassArchive, archive_name, class_archive
+
+# class_archive() names the archive after the jars of the PySpark it imports (the analytics extra).
+needs_pyspark = pytest.mark.skipif(
+    importlib.util.find_spec("pyspark") is None, reason="pyspark is not installed (the analytics extra)"
+)
 
 
 def _java_and_jars(tmp_path: Path) -> tuple[Path, Path]:
@@ -41,6 +47,7 @@ def test_the_name_changes_with_the_jvm_build_and_with_the_jars(tmp_path: Path) -
     assert archive_name(java, jars) != upgraded
 
 
+@needs_pyspark
 def test_an_archive_is_recorded_when_absent_and_mapped_once_there(tmp_path: Path) -> None:
     java, _ = _java_and_jars(tmp_path)
     folder = tmp_path / "cache"
@@ -55,6 +62,7 @@ def test_an_archive_is_recorded_when_absent_and_mapped_once_there(tmp_path: Path
     assert all(any(o.startswith("-Xlog:cds=off") for o in a.java_options()) for a in (first, second))
 
 
+@needs_pyspark
 def test_an_unwritable_folder_means_no_archive(tmp_path: Path) -> None:
     java, _ = _java_and_jars(tmp_path)
     blocked = tmp_path / "a-file"
@@ -96,6 +104,7 @@ def test_mapping_an_archive_records_nothing(tmp_path: Path) -> None:
         proc.wait()
 
 
+@needs_pyspark
 @pytest.mark.parametrize(("age_s", "kept"), [(10.0, True), (3600.0, False)])
 def test_a_partial_file_older_than_any_recording_is_removed(tmp_path: Path, age_s, kept) -> None:
     java, _ = _java_and_jars(tmp_path)

@@ -3,6 +3,7 @@ the router, a child that dies is replaced, and a path it cannot write is refused
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -16,6 +17,11 @@ import pytest
 
 from qpid_flow.policies.event_log.process import EventLogUnavailable, ProcessSink
 from qpid_flow.policies.event_log.writers import Batch, Row, read_rows
+
+# The columnar format is written with pyarrow, which comes with the analytics extra.
+needs_pyarrow = pytest.mark.skipif(
+    importlib.util.find_spec("pyarrow") is None, reason="pyarrow is not installed (the analytics extra)"
+)
 
 
 def _rows(first: int, count: int) -> list[Row]:
@@ -51,7 +57,7 @@ def _state(pid: int) -> str:
         return "zombie"
 
 
-@pytest.mark.parametrize("format_", ["jsonl", "parquet"])
+@pytest.mark.parametrize("format_", ["jsonl", pytest.param("parquet", marks=needs_pyarrow)])
 def test_batches_sent_to_the_child_are_in_the_files_once_it_is_closed(tmp_path: Path, format_: str) -> None:
     path = _target(format_, tmp_path)
     sink = ProcessSink(format_, path, "run1", 100 * 1024 * 1024, 5)
@@ -75,6 +81,7 @@ def test_a_path_the_child_cannot_write_is_refused_with_one_line(tmp_path: Path) 
     assert "\n" not in message and str(blocker / "events") in message
 
 
+@needs_pyarrow
 def test_the_child_finishes_the_files_when_the_router_is_killed(tmp_path: Path) -> None:
     """kill -9 of the router closes the child's input: the child writes what it was sent
     and finishes the segment; nothing is left to recover."""
@@ -101,6 +108,7 @@ def test_the_child_finishes_the_files_when_the_router_is_killed(tmp_path: Path) 
     assert sorted(r["seq"] for r in records if r["event"] == "settle") == list(range(1, 201))
 
 
+@needs_pyarrow
 def test_a_child_that_dies_is_replaced_and_nothing_it_wrote_is_lost(tmp_path: Path) -> None:
     path = tmp_path / "events"
     sink = ProcessSink("parquet", path, "r", 0, 0)

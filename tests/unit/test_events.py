@@ -3,12 +3,11 @@ crash, and a writer thread that never blocks the reactor."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from qpid_flow.policies.event_log.writers import (
@@ -20,6 +19,11 @@ from qpid_flow.policies.event_log.writers import (
     WriterThread,
     read_rows,
     recover_segments,
+)
+
+# The columnar format is written with pyarrow, which comes with the analytics extra.
+needs_pyarrow = pytest.mark.skipif(
+    importlib.util.find_spec("pyarrow") is None, reason="pyarrow is not installed (the analytics extra)"
 )
 
 
@@ -94,7 +98,10 @@ def test_jsonl_appends_to_an_existing_file(tmp_path: Path) -> None:
     assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == [-1, 1]
 
 
+@needs_pyarrow
 def test_segments_become_parquet_with_every_documented_column(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
     sink = SegmentSink(tmp_path, "run1", max_bytes=0, backups=0)
     sink.write(Batch.of(_rows(10)))
     sink.write(Batch.of([("group_assigned", 9.0, 11, "q", {"group": "g", "consumer": 2})]))
@@ -111,6 +118,7 @@ def test_segments_become_parquet_with_every_documented_column(tmp_path: Path) ->
     assert {r["run"] for r in records} == {"run1"} and {r["v"] for r in records} == {1}
 
 
+@needs_pyarrow
 def test_a_full_segment_is_closed_and_the_oldest_pruned(tmp_path: Path) -> None:
     sink = SegmentSink(tmp_path, "r", max_bytes=2000, backups=2)
     for first in range(1, 2001, 100):
@@ -122,6 +130,7 @@ def test_a_full_segment_is_closed_and_the_oldest_pruned(tmp_path: Path) -> None:
     assert numbers[-1] == 2000 and numbers == list(range(numbers[0], 2001))
 
 
+@needs_pyarrow
 def test_a_killed_writer_leaves_a_stream_read_to_its_last_flush(tmp_path: Path) -> None:
     """kill -9 between flushes: the open stream is readable up to the last complete batch,
     a torn tail is left out, and the next start converts it to Parquet."""
@@ -139,6 +148,7 @@ def test_a_killed_writer_leaves_a_stream_read_to_its_last_flush(tmp_path: Path) 
     assert [r["n"] for r in read_rows(recovered)] == list(range(1, 101))
 
 
+@needs_pyarrow
 def test_a_fresh_start_recovers_what_a_crash_left(tmp_path: Path) -> None:
     sink = SegmentSink(tmp_path, "old", max_bytes=0, backups=0)
     sink.write(Batch.of(_rows(5)))  # never closed: the process died
@@ -192,6 +202,8 @@ def test_a_failing_sink_is_counted_and_does_not_stop_the_writer() -> None:
 
 
 def test_parquet_needs_pyarrow_only_when_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real module, imported before the patch hides it, so that it is back for the other tests.
+    pa = pytest.importorskip("pyarrow")
     from qpid_flow.config import ConfigError, RouterConfig, load_config
 
     assert RouterConfig().events_format == "jsonl"
@@ -248,7 +260,7 @@ def test_jsonl_columns_of_mixed_values_and_interleaved_events_come_out_in_event_
     assert records[4]["consumer"] is None and records[5]["condition"] == "qpid-flow:ring-dropped"
 
 
-@pytest.mark.parametrize("format_", ["jsonl", "parquet"])
+@pytest.mark.parametrize("format_", ["jsonl", pytest.param("parquet", marks=needs_pyarrow)])
 def test_message_ids_recorded_as_read_are_written_as_text(tmp_path: Path, format_: str) -> None:
     """The reactor appends a message-id as the codec read it; both formats write it as
     docs/events.md says: text as is, a number or UUID as its str, binary as hex."""

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from qpid_flow.analytics.inputs import InputError, expand_inputs
-from qpid_flow.analytics.latency import bucket_seconds
 from qpid_flow.analytics.report import run_report
 from qpid_flow.analytics.synthetic import FLOWED, GROUPED, generate
+
+# Without the analytics extra (pyspark, pyarrow, matplotlib) the tests that need it skip: the
+# spark fixture (tests/spark.py) without pyspark, the others each where it imports what it needs.
 
 
 def by_address(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -40,6 +42,9 @@ def test_inputs_expand_files_folders_and_globs(tmp_path: Path) -> None:
 
 
 def test_bucket_widths_are_round_numbers() -> None:
+    pytest.importorskip("pyspark")  # qpid_flow.analytics.latency imports it
+    from qpid_flow.analytics.latency import bucket_seconds
+
     assert bucket_seconds(30) == 1
     assert bucket_seconds(3600) == 60
     assert bucket_seconds(7 * 86400) == 21600  # a week in 28 buckets of 6 h
@@ -60,6 +65,7 @@ def test_a_missing_events_file_is_one_line_and_exit_code_2(tmp_path: Path) -> No
 
 
 def test_no_java_runtime_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")  # without it the report stops before looking for Java
     events = tmp_path / "events.jsonl"
     events.write_text("")
     environment = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
@@ -97,8 +103,7 @@ def test_the_jit_options_are_ones_this_java_accepts_and_the_session_passes_them(
 
 
 def test_tables_are_put_in_order_as_spark_orders_them() -> None:
-    import pyarrow as pa
-
+    pa = pytest.importorskip("pyarrow")
     from qpid_flow.analytics.report import _in_order
 
     table = pa.table(
@@ -320,6 +325,7 @@ def test_the_time_axis_cuts_idle_gaps_and_keeps_real_times() -> None:
     """Eight runs an hour apart, two minutes each: drawn side by side with the hours
     between them cut, every instant mapped and read back exactly; one lone instant still
     gets a readable span (not an axis from 2024 to 2030)."""
+    pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
     from qpid_flow.analytics.plots import TimeAxis
