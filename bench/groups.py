@@ -91,7 +91,7 @@ class Bench:
     def __init__(self, consumers: int, header: str | None, log: list[Message] | None = None) -> None:
         # As the router runs without --events: the event-log plugin is not loaded.
         hooks = Hooks(build_plugin_manager(disabled=["events"]))
-        self.destination = Destination(ADDRESS, DestinationPolicy(pattern=ADDRESS), hooks)
+        self.destination = Destination(ADDRESS, DestinationPolicy.of(pattern=ADDRESS), hooks)
         self.queue = GroupedQueue(header, hooks.consumer_select)
         self.destination.replace_queue(self.queue)
         self.received: dict[int, list[Message]] = {}

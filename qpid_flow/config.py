@@ -11,15 +11,16 @@ from __future__ import annotations
 import importlib.util
 import re
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qpid_flow.policies.flow_control.thresholds import FlowLimits, LimitError, flow_limits
-
 if TYPE_CHECKING:
+    import pluggy
+
     from qpid_flow.brokers import BrokerAddress
+    from qpid_flow.plugin.declarations import DestinationSetting
 
 __all__ = [
     "ENVIRONMENT_KEYS",
@@ -86,7 +87,7 @@ def parse_duration(value: Any, key: str = "duration") -> float:
     raise ConfigError(key, value, "must be a duration such as '30s', '500ms' or '2m'")
 
 
-def _non_negative_int(value: Any, key: str) -> int:
+def parse_non_negative_int(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(key, value, "must be a non-negative integer")
     return value
@@ -110,7 +111,7 @@ def _percent(value: Any, key: str) -> int:
     return value
 
 
-def _boolean(value: Any, key: str) -> bool:
+def parse_boolean(value: Any, key: str) -> bool:
     if isinstance(value, bool):
         return value
     if value in (0, 1):  # qpid.* declare arguments use 1 for true
@@ -118,7 +119,7 @@ def _boolean(value: Any, key: str) -> bool:
     raise ConfigError(key, value, "must be true or false")
 
 
-def _string(value: Any, key: str) -> str:
+def parse_string(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(key, value, "must be a non-empty string")
     return value
@@ -231,7 +232,7 @@ def _acl(value: Any, key: str) -> tuple[AclEntry, ...]:
             raise ConfigError(f"{where}.{name}", table[name], "unknown key; known: user, send, receive, action")
         if "user" not in table:
             raise ConfigError(f"{where}.user", None, 'is required: a user name or "*"')
-        user = _string(table["user"], f"{where}.user")
+        user = parse_string(table["user"], f"{where}.user")
         patterns: dict[str, tuple[str, ...]] = {}
         for direction in ("send", "receive"):
             listed = _string_list(table.get(direction, []), f"{where}.{direction}")
@@ -248,74 +249,94 @@ def _acl(value: Any, key: str) -> tuple[AclEntry, ...]:
 
 @dataclass(frozen=True)
 class DestinationPolicy:
-    """The settings of one ``[destinations."..."]`` table (None: not set there)."""
+    """The settings of one ``[destinations."..."]`` table (None: not set there).
+
+    The capacity keys are the core's; every other key is declared by a plugin
+    (``qpid_flow_destination_settings``) and read with :meth:`setting`.
+    """
 
     pattern: str = ">"
     max_count: int | None = None
     max_size: int | None = None
-    flow_stop_count: int | None = None
-    flow_resume_count: int | None = None
-    flow_stop_size: int | None = None
-    flow_resume_size: int | None = None
-    limit_policy: str | None = None  # "flow" (default), "reject", "ring"
-    reject_after: float | None = None  # seconds: block, then reject (sendFailIfNoSpaceAfterTimeout)
-    shared_groups: bool | None = None
-    group_header: str | None = None  # None: the AMQP properties.group-id field
-    group_lease: float | None = None  # seconds an owner may hold a group without settling
+    limit_policy: str | None = None  # at capacity: "flow" (default: producers wait), "reject", "ring"
+    settings: Mapping[str, Any] = field(default_factory=dict)  # plugins' keys, as parsed
+
+    @classmethod
+    def of(cls, pattern: str = ">", **values: Any) -> DestinationPolicy:
+        """A policy from already-parsed values by key, the core's and plugins' alike (tests,
+        plugins building one): ``DestinationPolicy.of(max_count=1000, shared_groups=True)``."""
+        core = {name: values.pop(name) for name in _CORE_FIELDS if name in values}
+        return cls(pattern=pattern, **core, settings=values)
 
     @property
     def policy(self) -> str:
         return self.limit_policy or "flow"
 
+    def setting(self, key: str, default: Any = None) -> Any:
+        """A plugin-declared setting's value in force (``default`` while no table sets it)."""
+        value = self.settings.get(key)
+        return default if value is None else value
+
+    def values(self) -> dict[str, Any]:
+        """Every setting this table sets, core and plugins', by its key."""
+        core = {name: getattr(self, name) for name in _CORE_FIELDS if getattr(self, name) is not None}
+        return {**core, **{k: v for k, v in self.settings.items() if v is not None}}
+
     def merged_over(self, base: DestinationPolicy) -> DestinationPolicy:
         """This policy's explicit values, falling back to ``base`` for the rest."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-        return replace(base, **values)
+        core = {name: getattr(self, name) for name in _CORE_FIELDS if getattr(self, name) is not None}
+        own = {key: value for key, value in self.settings.items() if value is not None}
+        return replace(base, **core, settings={**base.settings, **own})
 
 
-# key in the file -> (field name, parser). ``qpid.*`` are the queue-declare aliases.
+_CORE_FIELDS = ("max_count", "max_size", "limit_policy")
+
+# The core's keys: key in the file -> (field name, parser). ``qpid.*`` are qpidd's
+# queue-declare aliases. Plugins add theirs (qpid_flow.plugin.declarations.DestinationSetting).
 _DESTINATION_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
-    "max_count": ("max_count", _non_negative_int),
+    "max_count": ("max_count", parse_non_negative_int),
     "max_size": ("max_size", parse_size),
-    "flow_stop_count": ("flow_stop_count", _non_negative_int),
-    "flow_resume_count": ("flow_resume_count", _non_negative_int),
-    "flow_stop_size": ("flow_stop_size", parse_size),
-    "flow_resume_size": ("flow_resume_size", parse_size),
     "limit_policy": ("limit_policy", _one_of("flow", "reject", "ring")),
-    "reject_after": ("reject_after", parse_duration),
-    "shared_groups": ("shared_groups", _boolean),
-    "group_header": ("group_header", _string),
-    "group_lease": ("group_lease", parse_duration),
-    "qpid.shared_msg_group": ("shared_groups", _boolean),
-    "qpid.group_header_key": ("group_header", _string),
-    "qpid.max_count": ("max_count", _non_negative_int),
+    "qpid.max_count": ("max_count", parse_non_negative_int),
     "qpid.max_size": ("max_size", parse_size),
-    "qpid.flow_stop_count": ("flow_stop_count", _non_negative_int),
-    "qpid.flow_resume_count": ("flow_resume_count", _non_negative_int),
-    "qpid.flow_stop_size": ("flow_stop_size", parse_size),
-    "qpid.flow_resume_size": ("flow_resume_size", parse_size),
 }
 
 
-def parse_destination(pattern: str, table: Any) -> DestinationPolicy:
+def declared_settings(declarations: Iterable[DestinationSetting]) -> dict[str, DestinationSetting]:
+    """Every plugin-declared key and alias -> its declaration. A key declared twice, or
+    one of the core's, is a plugin bug: refused at start."""
+    found: dict[str, DestinationSetting] = {}
+    for setting in declarations:
+        for name in (setting.key, *setting.aliases):
+            if name in _DESTINATION_KEYS or name in found:
+                raise ValueError(f"destination setting {name!r} is declared twice (by the core or another plugin)")
+            found[name] = setting
+    return found
+
+
+def parse_destination(
+    pattern: str, table: Any, declared: Mapping[str, DestinationSetting] | None = None
+) -> DestinationPolicy:
+    """One ``[destinations."PATTERN"]`` table: the core's keys and those ``declared`` by
+    plugins (:func:`declared_settings`); any other key is refused."""
     where = f'destinations."{pattern}"'
+    declared = declared or {}
     if not isinstance(table, dict):
         raise ConfigError(where, table, "must be a table of settings")
     _check_pattern(pattern, where)
     values: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
     for key, raw in table.items():
-        if key not in _DESTINATION_KEYS:
-            raise ConfigError(f"{where}.{key}", raw, "unknown key; known: " + ", ".join(_DESTINATION_KEYS))
-        name, parse = _DESTINATION_KEYS[key]
-        values[name] = parse(raw, f"{where}.{key}")
-    policy = DestinationPolicy(pattern=pattern, **values)
-    if policy.group_lease is not None and policy.group_lease <= 0:
-        raise ConfigError(f"{where}.group_lease", table.get("group_lease"), "must be a positive duration")
-    if policy.reject_after is not None and policy.policy != "flow":
-        raise ConfigError(
-            f"{where}.reject_after", table.get("reject_after"), f"does not combine with limit_policy {policy.policy!r}"
-        )
-    return policy
+        if key in _DESTINATION_KEYS:
+            name, parse = _DESTINATION_KEYS[key]
+            values[name] = parse(raw, f"{where}.{key}")
+        elif key in declared:
+            setting = declared[key]
+            settings[setting.key] = setting.parse(raw, f"{where}.{key}")
+        else:
+            known = [*_DESTINATION_KEYS, *declared]
+            raise ConfigError(f"{where}.{key}", raw, "unknown key; known: " + ", ".join(known))
+    return DestinationPolicy(pattern=pattern, **values, settings=settings)
 
 
 def _check_pattern(pattern: str, where: str) -> None:
@@ -412,6 +433,9 @@ class RouterConfig:
     metrics_max_destinations: int = 500  # /metrics: destinations past this are summed as "_other"
     destinations: dict[str, DestinationPolicy] = field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The keys plugins declared for destination tables (qpid_flow_destination_settings),
+    # by key and alias: how tables given at runtime (the admin API) are read.
+    destination_settings: Mapping[str, DestinationSetting] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.producer_window:
@@ -466,20 +490,13 @@ class RouterConfig:
         """The ``[plugins.NAME]`` table, empty when absent."""
         return self.plugins.get(name, {})
 
-    def flow_limits(self, policy: DestinationPolicy) -> tuple[FlowLimits, list[str]]:
-        """Stop/resume thresholds in force for ``policy`` (see :mod:`qpid_flow.policies.flow_control.thresholds`)."""
-        return flow_limits(policy, self.default_flow_stop_threshold, self.default_flow_resume_threshold)
-
-    def check_flow_limits(self, policy: DestinationPolicy, where: str) -> list[str]:
-        """Refuse thresholds that break the rules, as a ConfigError naming the key."""
-        try:
-            return self.flow_limits(policy)[1]
-        except LimitError as exc:
-            raise ConfigError(f"{where}.{exc.key}", exc.value, exc.rule) from exc
-
     def base_policy(self) -> DestinationPolicy:
         """What a destination gets from the router-wide defaults alone."""
         return DestinationPolicy(pattern="", max_count=self.default_max_count, max_size=self.default_max_size)
+
+    def parse_destination(self, pattern: str, table: Any) -> DestinationPolicy:
+        """A destination table given at runtime, read with the keys plugins declared."""
+        return parse_destination(pattern, table, self.destination_settings)
 
     def policy_for(self, address: str) -> DestinationPolicy:
         """The policy in force for ``address``: exact name first, then the most specific pattern."""
@@ -506,17 +523,17 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "admin": _host_port,
     "producer_window": _positive_int,
     "consumer_lookahead": _positive_int,
-    "default_max_count": _non_negative_int,
+    "default_max_count": parse_non_negative_int,
     "default_max_size": parse_size,
     "max_message_size": parse_size,
-    "auto_create": _boolean,
+    "auto_create": parse_boolean,
     "reconnect_max_delay": parse_duration,
     "shutdown_timeout": parse_duration,
-    "default_message_group": _string,
-    "events": _string,
+    "default_message_group": parse_string,
+    "events": parse_string,
     "events_format": _events_format,
     "events_max_bytes": parse_size,
-    "events_backups": _non_negative_int,
+    "events_backups": parse_non_negative_int,
     "events_writer_nice": _niceness,
     "default_flow_stop_threshold": _percent,
     "default_flow_resume_threshold": _percent,
@@ -527,20 +544,20 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "tls_cert": _existing_file,
     "tls_key": _existing_file,
     "tls_ca": _existing_file,
-    "tls_require_client_cert": _boolean,
+    "tls_require_client_cert": parse_boolean,
     "broker_tls_ca": _existing_file,
     "broker_tls_cert": _existing_file,
     "broker_tls_key": _existing_file,
-    "broker_tls_verify_hostname": _boolean,
-    "broker_user": _string,
+    "broker_tls_verify_hostname": parse_boolean,
+    "broker_user": parse_string,
     "broker_password": _secret,
     "users_file": _existing_file,
-    "allow_anonymous": _boolean,
+    "allow_anonymous": parse_boolean,
     "acl": _acl,
-    "max_connections": _non_negative_int,
-    "max_connections_per_user": _non_negative_int,
-    "max_sessions_per_connection": _non_negative_int,
-    "max_links_per_connection": _non_negative_int,
+    "max_connections": parse_non_negative_int,
+    "max_connections_per_user": parse_non_negative_int,
+    "max_sessions_per_connection": parse_non_negative_int,
+    "max_links_per_connection": parse_non_negative_int,
     "idle_timeout": parse_duration,
     "destination_idle_timeout": parse_duration,
     "sasl_timeout": parse_duration,
@@ -559,11 +576,20 @@ ENVIRONMENT_KEYS = {
 }
 
 
-def build_config(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RouterConfig:
-    """Validate a parsed TOML document (plus command-line overrides) into a RouterConfig."""
+def build_config(
+    data: Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    plugins: pluggy.PluginManager | None = None,
+) -> RouterConfig:
+    """Validate a parsed TOML document (plus command-line overrides) into a RouterConfig.
+
+    ``plugins`` declares the destination keys beyond the core's and checks each
+    destination table (``qpid_flow_destination_settings``,
+    ``qpid_flow_destination_policy_check``); None: the plugins qpid-flow would load with
+    this configuration."""
     values: dict[str, Any] = {}
-    destinations: dict[str, DestinationPolicy] = {}
-    plugins: dict[str, dict[str, Any]] = {}
+    tables: Any = {}
+    plugin_tables: dict[str, dict[str, Any]] = {}
     merged = dict(data)
     for key, value in (overrides or {}).items():
         if value is not None:
@@ -572,16 +598,22 @@ def build_config(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = 
         if key == "destinations":
             if not isinstance(raw, dict):
                 raise ConfigError(key, raw, 'must be tables: [destinations."NAME"]')
-            destinations = {pattern: parse_destination(pattern, table) for pattern, table in raw.items()}
+            tables = raw
         elif key == "plugins":
             if not isinstance(raw, dict) or not all(isinstance(t, dict) for t in raw.values()):
                 raise ConfigError(key, raw, "must be tables: [plugins.NAME]")
-            plugins = {name: dict(table) for name, table in raw.items()}
+            plugin_tables = {name: dict(table) for name, table in raw.items()}
         elif key in _ROUTER_KEYS:
             values[key] = _ROUTER_KEYS[key](raw, key)
         else:
             raise ConfigError(key, raw, "unknown key; known: " + ", ".join([*_ROUTER_KEYS, "destinations", "plugins"]))
-    config = RouterConfig(destinations=destinations, plugins=plugins, **values)
+    if plugins is None:
+        from qpid_flow.plugin.manager import build_plugin_manager  # the manager reads this module
+
+        plugins = build_plugin_manager(values.get("disable_plugins", ()))
+    declared = declared_settings(s for group in plugins.hook.qpid_flow_destination_settings() for s in group)
+    destinations = {pattern: parse_destination(pattern, table, declared) for pattern, table in tables.items()}
+    config = RouterConfig(destinations=destinations, plugins=plugin_tables, destination_settings=declared, **values)
     if config.default_flow_resume_threshold > config.default_flow_stop_threshold:
         raise ConfigError(
             "default_flow_resume_threshold",
@@ -589,7 +621,9 @@ def build_config(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = 
             f"must not be above default_flow_stop_threshold ({config.default_flow_stop_threshold})",
         )
     for pattern in destinations:
-        config.check_flow_limits(config.policy_for(pattern), f'destinations."{pattern}"')
+        plugins.hook.qpid_flow_destination_policy_check(
+            config=config, policy=config.policy_for(pattern), where=f'destinations."{pattern}"'
+        )
     _check_security(config)
     return config
 

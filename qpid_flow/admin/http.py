@@ -36,20 +36,25 @@ Routes (names are URL-path-quoted with ``safe=""``: ``/queue/orders`` is
     GET    /v1/destinations/{name}      record
     PUT    /v1/destinations/{name}      body: settings (TOML keys) -> the resulting policy
     DELETE /v1/destinations/{name}      -> what was removed
-    POST   /v1/producers/stop           body: {"pattern": "..."}
-    POST   /v1/producers/start          body: {"pattern": "..."}
-    GET    /v1/groups/{name}            {"groups": [{"group", "owner", "held", "waiting"}, ...]}
+
+Plugins add routes under /v1 (``qpid_flow_admin_routes``, :class:`AdminRoute`); qpid-flow's
+own policies add theirs that way::
+
+    POST   /v1/producers/stop           body: {"pattern": "..."}       (flow control)
+    POST   /v1/producers/start          body: {"pattern": "..."}       (flow control)
+    GET    /v1/groups/{name}            {"groups": [{"group", "owner", "held", "waiting"}, ...]}  (groups)
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import re
 import socket
 import socketserver
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,6 +67,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from qpid_flow.admin.metrics import RouterCollector, Snapshot, registry_for
 from qpid_flow.config import ConfigError, is_loopback
+from qpid_flow.plugin.declarations import AdminRequest, AdminRoute
 
 __all__ = ["AdminOperations", "AdminServer", "RunInReactor", "split_host_port"]
 
@@ -118,14 +124,6 @@ class AdminOperations(Protocol):
 
     def remove_destination(self, name: str) -> dict[str, Any]:
         """Remove the policy ``name``; raises KeyError if there is none."""
-        ...
-
-    def producers(self, action: str, pattern: str) -> dict[str, Any]:
-        """``action`` is ``"stop"`` or ``"start"``: hold back / let go producers matching ``pattern``."""
-        ...
-
-    def groups(self, name: str) -> dict[str, Any]:
-        """The message groups of destination ``name``; raises KeyError if there is none."""
         ...
 
     def connections(self) -> list[dict[str, Any]]:
@@ -477,11 +475,6 @@ class _Handler(BaseHTTPRequestHandler):
                 "PUT": lambda: (200, self._add_destination(admin, name, body)),
                 "DELETE": lambda: (200, self._remove_destination(admin, name)),
             }
-        elif resource == "producers" and len(rest) == 1 and rest[0] in ("stop", "start"):
-            action = rest[0]
-            routes = {"POST": lambda: (200, self._producers(admin, action, body))}
-        elif resource == "groups" and name:
-            routes = {"GET": lambda: (200, self._groups(admin, name))}
         elif resource == "connections" and not name:
             routes = {"GET": lambda: (200, {"connections": admin.call(admin.operations.connections)})}
         elif resource == "connections":
@@ -493,8 +486,22 @@ class _Handler(BaseHTTPRequestHandler):
             wanted = parse_qs(query).get("connection")
             routes = {"GET": lambda: (200, {"links": self._links(admin, wanted)})}
         else:
-            raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no such route: {path}"})
+            routes = self._plugin_routes(admin, path, query, body)
+            if not routes:
+                raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no such route: {path}"})
         return routes
+
+    @staticmethod
+    def _plugin_routes(
+        admin: AdminServer, path: str, query: str, body: bytes
+    ) -> dict[str, Callable[[], tuple[int, Any]]]:
+        """The methods plugins answer on ``path``, each running its handler on the reactor."""
+        found: dict[str, Callable[[], tuple[int, Any]]] = {}
+        for route in admin.routes:
+            params = _match(route.path, path)
+            if params is not None:
+                found[route.method] = functools.partial(_call_plugin_route, admin, route, params, query, body)
+        return found
 
     def _top_level(self, admin: AdminServer, path: str) -> dict[str, Callable[[], tuple[int, Any]]] | None:
         """Routes outside /v1: the dashboard, the probes, the metrics (None: not one of them)."""
@@ -576,23 +583,66 @@ class _Handler(BaseHTTPRequestHandler):
         except KeyError as exc:
             raise _not_found(exc, "destination policy", name) from exc
 
-    @staticmethod
-    def _producers(admin: AdminServer, action: str, body: bytes) -> dict[str, Any]:
-        request = _json_object(body, '{"pattern": "..."}', empty_ok=False)
-        pattern = request.get("pattern")
-        if not isinstance(pattern, str) or not pattern:
-            raise ConfigError("pattern", pattern, "must be a non-empty string")
-        try:
-            return admin.call(lambda: admin.operations.producers(action, pattern))
-        except KeyError as exc:  # e.g. flow control is not loaded
-            raise _not_found(exc, "producers matching", pattern) from exc
 
-    @staticmethod
-    def _groups(admin: AdminServer, name: str) -> dict[str, Any]:
-        try:
-            return admin.call(lambda: admin.operations.groups(name))
-        except KeyError as exc:
-            raise _not_found(exc, "destination", name) from exc
+def _match(pattern: str, path: str) -> dict[str, str] | None:
+    """The ``{name}`` values of ``path`` under a route's ``pattern``, or None if it does
+    not match. A last ``{name}`` takes the rest of the path (a name may hold "/")."""
+    wanted = pattern.split("/")
+    parts = path.split("/")
+    params: dict[str, str] = {}
+    for index, segment in enumerate(wanted):
+        is_param = segment.startswith("{") and segment.endswith("}")
+        if is_param and index == len(wanted) - 1:
+            value = "/".join(parts[index:])
+            if not value:
+                return None
+            params[segment[1:-1]] = unquote(value)
+            return params
+        if index >= len(parts):
+            return None
+        if is_param:
+            if not parts[index]:
+                return None
+            params[segment[1:-1]] = unquote(parts[index])
+        elif segment != parts[index]:
+            return None
+    return params if len(parts) == len(wanted) else None
+
+
+def _call_plugin_route(
+    admin: AdminServer, route: AdminRoute, params: dict[str, str], query: str, body: bytes
+) -> tuple[int, Any]:
+    content = _json_object(body, route.body, empty_ok=False) if route.body is not None else None
+    request = AdminRequest(params=params, body=content, query=parse_qs(query))
+    try:
+        return 200, admin.call(lambda: route.handler(request))
+    except KeyError as exc:
+        name = next(iter(params.values()), route.path)
+        raise _not_found(exc, route.not_found, name) from exc
+
+
+# The first path segment under /v1 of each built-in route: a plugin may not answer there.
+_BUILTIN_RESOURCES = frozenset({"health", "destinations", "connections", "links"})
+_ROUTE_METHODS = frozenset({"GET", "PUT", "POST", "DELETE"})
+
+
+def _checked_routes(routes: Sequence[AdminRoute]) -> list[AdminRoute]:
+    """Plugins' routes, refused at start (ValueError) when one could never be reached or
+    would shadow another: a method or path outside the rules, a built-in resource, or a
+    method and path answered twice."""
+    seen: set[tuple[str, str]] = set()
+    for route in routes:
+        parts = route.path.split("/")
+        if route.method not in _ROUTE_METHODS:
+            raise ValueError(
+                f"admin route {route.method} {route.path}: the method must be one of GET, PUT, POST, DELETE"
+            )
+        if len(parts) < 3 or parts[:2] != ["", "v1"] or not parts[2] or parts[2] in _BUILTIN_RESOURCES:
+            raise ValueError(f"admin route {route.method} {route.path}: must be under /v1/, outside built-in routes")
+        if (route.method, route.path) in seen:
+            raise ValueError(f"admin route {route.method} {route.path} is declared twice")
+        seen.add((route.method, route.path))
+    return list(routes)
 
 
 def _static(name: str) -> _Raw:
@@ -643,9 +693,11 @@ class AdminServer:
         *,
         token: str | None = None,
         metrics_max_destinations: int = 500,
+        routes: Sequence[AdminRoute] = (),
     ) -> None:
         self.listen = listen
         self.operations = operations
+        self.routes = _checked_routes(routes)
         # /metrics: one snapshot per scrape, taken on the reactor thread.
         collector = RouterCollector(lambda: self.call(operations.snapshot), metrics_max_destinations)
         self._metrics_registry = registry_for(collector)

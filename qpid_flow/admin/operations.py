@@ -9,7 +9,6 @@ from __future__ import annotations
 import platform
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -17,16 +16,14 @@ import structlog
 from qpid_flow import __version__
 from qpid_flow.admin.metrics import Snapshot
 from qpid_flow.amqp import inventory
-from qpid_flow.config import is_pattern, parse_destination
+from qpid_flow.config import is_pattern
 from qpid_flow.plugin.manager import PLUGIN_ERRORS
-from qpid_flow.policies.groups.grouped_queue import GroupedQueue
 
 if TYPE_CHECKING:
     from qpid_flow.amqp.router import Router
     from qpid_flow.config import DestinationPolicy
     from qpid_flow.core.registry import Destinations
     from qpid_flow.plugin.control import RouterControl
-    from qpid_flow.policies.flow_control.plugin import Plugin as FlowPlugin
 
 __all__ = ["Operations"]
 
@@ -34,8 +31,7 @@ log = structlog.get_logger(__name__)
 
 
 def _policy_record(name: str, policy: DestinationPolicy) -> dict[str, Any]:
-    values = {k: v for k, v in asdict(policy).items() if v is not None and k != "pattern"}
-    return {"name": name, "policy": values}
+    return {"name": name, "policy": policy.values()}
 
 
 class Operations:
@@ -45,13 +41,11 @@ class Operations:
         self,
         destinations: Destinations,
         control: RouterControl,
-        flow: FlowPlugin | None,
         router: Router | None = None,
         readiness: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
         self._destinations = destinations
         self._control = control
-        self._flow = flow
         self._router = router
         self._readiness = readiness or (lambda: (True, "ready"))
 
@@ -59,7 +53,7 @@ class Operations:
         return sorted((d.stats() for d in self._destinations), key=lambda r: r["name"])
 
     def add_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
-        policy = parse_destination(name, settings)
+        policy = self._destinations.parse_policy(name, settings)
         changed = self._destinations.set_policy(name, policy)
         if not is_pattern(name):
             self._destinations.get(name)  # a named destination exists once configured
@@ -74,27 +68,6 @@ class Operations:
         log.info("policy_removed", name=name, destinations=[d.address for d in changed])
         return _policy_record(name, policy)
 
-    def producers(self, action: str, pattern: str) -> dict[str, Any]:
-        if self._flow is None:
-            raise KeyError("flow control is disabled (plugin 'flow')")
-        if action == "stop":
-            self._flow.stop_producers(pattern)
-        elif action == "start":
-            self._flow.start_producers(pattern)
-        else:
-            raise ValueError(f"unknown action {action!r}: stop or start")
-        matching = [d.address for d in self._destinations if self._flow.stopped_by_operator(d.address)]
-        return {"action": action, "pattern": pattern, "stopped": self._flow.stopped_patterns, "destinations": matching}
-
-    def groups(self, name: str) -> dict[str, Any]:
-        destination = self._destinations.find(name)
-        if destination is None:
-            raise KeyError(f"no destination {name!r}")
-        queue = destination.queue
-        if not isinstance(queue, GroupedQueue):
-            raise KeyError(f"message groups are not enabled on {name!r} (shared_groups = true)")
-        return {"name": name, "groups": queue.describe()}
-
     # --- who is connected (qpid-flow stat connections / links) -------------------------------
 
     def _the_router(self) -> Router:
@@ -106,13 +79,11 @@ class Operations:
         return inventory.connection_records(self._the_router())
 
     def links(self) -> list[dict[str, Any]]:
-        flow = self._flow
-        blocked = None
-        if flow is not None:
+        hooks = self._control.hooks
 
-            def blocked(address: str) -> bool:
-                destination = self._destinations.find(address)
-                return destination is not None and flow.holds_producers(destination)
+        def blocked(address: str) -> bool:
+            destination = self._destinations.find(address)
+            return destination is not None and bool(hooks.producers_held(destination=destination))
 
         return inventory.link_records(self._the_router(), blocked)
 

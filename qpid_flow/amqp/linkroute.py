@@ -15,9 +15,10 @@ What the policies still decide, exactly as standalone:
   the destination is stopped); transfers pass the ``qpid_flow_transfer_arrived`` hook;
 - anonymous-relay producers (null target): qpid-flow relays, with one upstream sender per
   ``to`` address on the client's own upstream session;
-- a destination with ``shared_groups`` is read by one upstream receiver of qpid-flow's
-  own (:class:`~qpid_flow.amqp.upstream.GroupReader`) that pins groups; a consumer's right to
-  read it is checked first with a zero-credit attach on its own upstream connection.
+- a destination a plugin dispatches (``shared_groups``) is read by one upstream receiver
+  of qpid-flow's own (:class:`~qpid_flow.amqp.upstream.GroupReader`) that pins groups; a
+  consumer's right to read it is checked first with a zero-credit attach on its own
+  upstream connection.
 
 Depth is counted per destination as the broker dialect names it (``X``, ``/queue/X`` and
 ``/amq/queue/X`` are one queue on RabbitMQ); exchange and topic addresses keep none.
@@ -507,7 +508,7 @@ class BrokerRouter(Router):
             node = self._node(source.address)
             if node.is_queue:
                 destination = self.destinations.get(node.name)
-        grouped = destination is not None and destination.policy.shared_groups
+        grouped = destination is not None and destination.dispatched_by_plugin
         upstream = self._mirror(link, _PROBE if grouped else None)
         if not grouped:
             link.qf_route = upstream.qf_route = _ConsumerRoute(link, upstream, destination)

@@ -55,10 +55,9 @@ class Server(Handler):
         super().__init__()
         self.config = config
         plugins = build_plugin_manager(config.disable_plugins)
-        Hooks(plugins).configure(config=config)
-        if not config.events and plugins.has_plugin("events"):
-            plugins.unregister(name="events")  # no event log: no per-message calls for it
-        # Bound after configuration: a notification nobody implements costs nothing.
+        Hooks(plugins).configure(config=config, manager=plugins)
+        # Bound after configuration (a plugin may have left): a notification nobody
+        # implements costs nothing.
         self.hooks = Hooks(plugins)
         self.container = RelayContainer(container_id=f"qpid-flow-{socket.gethostname()}-{os.getpid()}")
         self.memory = MemoryMeter(config.memory_limit)
@@ -95,12 +94,12 @@ class Server(Handler):
         self.gates: list[Gate] = []
         self.admin: AdminServer | None = None
         if config.admin is not None:
-            flow = self.hooks.pm.get_plugin("flow")
-            operations = Operations(self.destinations, self.control, flow, self.router, self.readiness)
+            operations = Operations(self.destinations, self.control, self.router, self.readiness)
             self.admin = AdminServer(
                 config.admin,
                 operations,
                 self.bridge.call,
+                routes=self.hooks.admin_routes(),
                 token=config.admin_token,
                 metrics_max_destinations=config.metrics_max_destinations,
             )

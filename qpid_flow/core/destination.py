@@ -201,6 +201,13 @@ class Destination:
         if self.consumers:
             self.dispatch()
 
+    @property
+    def dispatched_by_plugin(self) -> bool:
+        """Whether a plugin hands this destination's messages out with a queue of its own
+        (:meth:`replace_queue`; message groups do). In front of a broker, qpid-flow then
+        reads the broker's queue itself rather than mirroring each consumer to it."""
+        return not isinstance(self.queue, FifoQueue)
+
     def replace_queue(self, queue: MessageQueue | None = None) -> None:
         """Switch to another kind of queue (None: plain FIFO), keeping the waiting messages."""
         new = queue if queue is not None else FifoQueue(self.queue_select)

@@ -16,6 +16,7 @@ from typing import Any
 from qpid_flow import codec
 
 __all__ = [
+    "DEFAULT_GROUP",
     "Admit",
     "Consumer",
     "Decision",
@@ -24,6 +25,7 @@ __all__ = [
     "Outcome",
     "Producer",
     "Reject",
+    "group_key",
 ]
 
 
@@ -298,3 +300,18 @@ class Reject:
 
 Decision = Admit | Hold | Reject
 ADMIT = Admit()
+
+
+# The group of a message without a group id (``default_message_group``).
+DEFAULT_GROUP = "qpid.no-group"
+
+
+def group_key(raw: Any, default_group: str = DEFAULT_GROUP) -> str:
+    """The group a message belongs to: its id as a string, or the default group."""
+    if raw is None or raw == "" or raw == b"":
+        return default_group
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    return str(raw)

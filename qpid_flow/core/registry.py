@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from qpid_flow.config import DestinationPolicy, RouterConfig, is_pattern, pattern_matches, resolve_policy
 from qpid_flow.core.destination import Destination
@@ -99,10 +100,16 @@ class Destinations:
         """The destination for ``address`` if it exists (never creates one)."""
         return self._by_address.get(address)
 
+    def parse_policy(self, name: str, table: Any) -> DestinationPolicy:
+        """A table of settings given at runtime (TOML keys, the admin API's body)."""
+        return self._config.parse_destination(name, table)
+
     def set_policy(self, name: str, policy: DestinationPolicy) -> list[Destination]:
         """Add or replace the policy for ``name`` (a name or pattern); returns the
         destinations whose policy changed. Raises ConfigError for impossible values."""
-        self._config.check_flow_limits(policy.merged_over(self._config.base_policy()), f'destinations."{name}"')
+        self._hooks.destination_policy_check(
+            config=self._config, policy=policy.merged_over(self._config.base_policy()), where=f'destinations."{name}"'
+        )
         self.policies[name] = policy
         return self._reapply(name)
 

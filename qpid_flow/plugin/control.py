@@ -21,8 +21,23 @@ Scheduler = Callable[[float, Callable[[], Any]], None]
 
 
 class RouterControl:
-    """A narrow, stable facade over the router for plugins. Reactor thread only, except
-    :meth:`call_from_thread`."""
+    """What a plugin may do to a running router: a narrow, stable facade, handed to every
+    plugin by :func:`~qpid_flow.plugin.hookspecs.qpid_flow_started` (keep it).
+
+    Reactor thread only (where hooks, timers set with :meth:`schedule` and callbacks handed
+    over with :meth:`call_from_thread` run), except :meth:`call_from_thread`: the one method
+    another thread may call.
+
+    :ivar memory: the bytes of message data qpid-flow holds, against ``memory_limit``
+        (:class:`~qpid_flow.core.memory.MemoryMeter`): read ``memory.over`` (True while
+        over the limit: the built-in flow control then gives no producer credit),
+        ``memory.held`` and ``memory.limit`` (0: no limit). Its ``on_below`` callback is
+        the built-in flow control's.
+    :ivar hooks: every hook, as the router calls them (:class:`~qpid_flow.plugin.manager.Hooks`:
+        one attribute per hook, named without the ``qpid_flow_`` prefix, called with
+        keyword arguments), for a plugin that reports events of its own to other plugins:
+        the built-in flow control calls ``control.hooks.flow_changed(...)``.
+    """
 
     def __init__(
         self,
@@ -37,30 +52,50 @@ class RouterControl:
         self._router = router
         self._destinations = destinations
         self._bridge = bridge
-        # Bytes of messages qpid-flow holds, against ``memory_limit`` (read ``.over``).
+        # Public attributes are documented with ``:ivar`` in the class docstring (the hook
+        # reference, qpid_flow.plugin.reference, renders them and refuses one left out).
         self.memory = memory
-        # Every hook, for a plugin that reports events of its own to other plugins.
         self.hooks = hooks
 
     def call_from_thread(self, callback: Callable[[], Any]) -> None:
-        """Run ``callback`` on the reactor thread soon. The one method that is safe to call
-        from another thread: a plugin's worker thread hands its results over with it."""
+        """Run ``callback`` on the reactor thread soon, after the calls handed over before it.
+
+        The one method that is safe to call from another thread: a plugin's worker thread
+        (one that polls a broker's management API, say) hands its results over with it,
+        and the callback may then use everything else here."""
         self._bridge.call_soon(callback)
 
     def schedule(self, delay: float, callback: Callable[[], Any]) -> None:
-        """Run ``callback`` on the reactor thread after ``delay`` seconds."""
+        """Run ``callback`` on the reactor thread after ``delay`` seconds (0: once the current
+        event is handled). A timer cannot be cancelled: a callback that may no longer be
+        wanted checks for itself when it runs."""
         self._schedule(delay, callback)
 
     def destination(self, address: str) -> Destination | None:
-        """The destination of ``address`` if it exists."""
+        """The destination of ``address`` if it exists (never creates one), else None."""
         return self._destinations.find(address)
 
     def destinations(self) -> Iterator[Destination]:
+        """Every destination that exists now (a snapshot: destinations may come and go while
+        it is read)."""
         return iter(self._destinations)
 
     def wake(self, address: str | None = None) -> None:
-        """A policy's answer may have changed: re-ask it about held transfers, delayed
-        settlements, producer credit and waiting messages (for ``address``, or everywhere)."""
+        """A policy's answers may have changed: ask the policies again, for ``address`` (or
+        for every destination when None).
+
+        In this order: the transfers held for the address
+        (:func:`~qpid_flow.plugin.hookspecs.qpid_flow_transfer_arrived`, in arrival order)
+        and its delayed settlements
+        (:func:`~qpid_flow.plugin.hookspecs.qpid_flow_settlement_delay`, in order); its
+        waiting messages (the destination hands messages out:
+        :func:`~qpid_flow.plugin.hookspecs.qpid_flow_consumer_select`); producer credit
+        (:func:`~qpid_flow.plugin.hookspecs.qpid_flow_producer_credit`) for every producer
+        of the address and every anonymous-relay producer, or every producer when None.
+
+        The hooks are asked before it returns: from a hook about a message, which runs in
+        the middle of the data path, schedule it instead (``control.schedule(0, ...)``), as
+        the built-in flow control does."""
         targets = [self._destinations.find(address)] if address else list(self._destinations)
         for destination in targets:
             if destination is None:
@@ -70,9 +105,11 @@ class RouterControl:
         self._router.grant_all(address)
 
     def held_transfers(self, address: str) -> int:
-        """How many transfers to ``address`` a policy is holding unforwarded."""
+        """How many transfers to ``address`` a policy is holding unforwarded (answered
+        ``Hold`` by :func:`~qpid_flow.plugin.hookspecs.qpid_flow_transfer_arrived`)."""
         return self._router.held_count(address)
 
     def delayed_producers(self, address: str) -> int:
-        """How many producers wait for the settlement of a transfer to ``address``."""
+        """How many producers wait for the settlement of a transfer to ``address`` (delayed by
+        :func:`~qpid_flow.plugin.hookspecs.qpid_flow_settlement_delay`)."""
         return self._router.delayed_producers(address)

@@ -1,8 +1,9 @@
 """Build the plugin manager and the typed facade the data path calls hooks through.
 
-Registration order (later registrations are asked first by pluggy, and built-ins are
-``trylast`` anyway): built-ins, then plugins from the ``qpid_flow`` entry-point group,
-then modules named in ``$QPID_FLOW_PLUGINS``. Any of them can be disabled by name
+Registration order (pluggy asks the last registered first, so an installed plugin is
+asked before the built-ins; only the pass-through policy is also ``trylast``): built-ins,
+then plugins from the ``qpid_flow`` entry-point group, then modules named in
+``$QPID_FLOW_PLUGINS``. Any of them can be disabled by name
 (``disable_plugins`` in the configuration, ``--disable-plugin`` or
 ``$QPID_FLOW_DISABLE_PLUGINS``).
 
@@ -17,12 +18,19 @@ import importlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 import structlog
 
 from qpid_flow.core.model import Hold, Reject
+
+if TYPE_CHECKING:
+    from qpid_flow.config import DestinationPolicy, RouterConfig
+    from qpid_flow.core.destination import Destination
+    from qpid_flow.core.model import Consumer, Decision, Message, Producer, Settlement
+    from qpid_flow.plugin.control import RouterControl
+    from qpid_flow.plugin.declarations import AdminRoute, DestinationSetting
 from qpid_flow.plugin import hookspecs
 
 __all__ = ["BUILTIN_PLUGINS", "PLUGIN_ERRORS", "Hooks", "build_plugin_manager"]
@@ -168,58 +176,232 @@ def _noop(**_kwargs: Any) -> None:
     return None
 
 
-class Hooks:
-    """One attribute per hook, called with keyword arguments.
+# What a hook answers when an implementation raises (the safest answer), by hook.
+_FALLBACKS: dict[str, Any] = {
+    "qpid_flow_producer_credit": 0,
+    "qpid_flow_transfer_arrived": Reject("a qpid-flow policy failed on this transfer", condition="amqp:internal-error"),
+    "qpid_flow_settlement_delay": False,
+    "qpid_flow_consumer_select": Hold("policy error"),
+    "qpid_flow_producers_held": False,
+    "qpid_flow_destination_stats": [],
+}
+# Hooks asked at start only (or whose ConfigError must reach the caller): always through pluggy.
+_AT_START = frozenset(
+    {
+        "qpid_flow_configure",
+        "qpid_flow_destination_policy_check",
+        "qpid_flow_destination_settings",
+        "qpid_flow_admin_routes",
+        "qpid_flow_started",
+    }
+)
+# Notifications whose answers are read: collected, not dropped.
+_COLLECTED = frozenset({"qpid_flow_destination_stats"})
 
-    Notification hooks that no plugin implements become no-ops, so an unused hook
-    costs nothing on the per-message path.
+TRACE_ENVIRONMENT = "QPID_FLOW_TRACE_HOOKS"
+
+
+class Hooks:
+    """How qpid-flow calls its hooks: one typed method per hook, called with keywords.
+
+    **Snapshot (the default).** At construction every hook the data path calls is bound to
+    a caller compiled for the implementations registered *then* (:func:`_compiled`): a
+    notification nobody implements becomes a no-op, and the others cost about a plain
+    function call. A plugin registered later is not called by this object; build a new
+    one (the router builds its own once plugins are configured).
+
+    **Through pluggy** (``through_pluggy=True``, or ``QPID_FLOW_TRACE_HOOKS=1`` in the
+    environment): every call goes through ``pm.hook``: plugins registered later are
+    called, and pluggy's tracing writes each call and its result to the debug log. For
+    debugging: it costs microseconds per call.
+
+    Either way a plugin's exception is logged (``plugin_error``), counted, and answered
+    with the safest value (no credit, reject the transfer, let the message wait).
     """
 
-    def __init__(self, pm: pluggy.PluginManager) -> None:
+    def __init__(self, pm: pluggy.PluginManager, *, through_pluggy: bool | None = None) -> None:
         self.pm = pm
-        h = pm.hook
-        self.configure = _refusable(h.qpid_flow_configure)
-        self.started = self._notify(h.qpid_flow_started)
-        self.stopping = self._notify(h.qpid_flow_stopping)
-        self.destination_created = self._notify(h.qpid_flow_destination_created)
-        self.destination_deleted = self._notify(h.qpid_flow_destination_deleted)
-        self.destination_policy_changed = self._notify(h.qpid_flow_destination_policy_changed)
-        self.depth_changed = self._notify(h.qpid_flow_depth_changed)
-        self.flow_changed = self._notify(h.qpid_flow_flow_changed)
-        # A notification whose answers are read (the records' extra statistics).
-        self.destination_stats = _guarded(h.qpid_flow_destination_stats, [], collect=True)
-        self.producer_attached = self._notify(h.qpid_flow_producer_attached)
-        self.producer_detached = self._notify(h.qpid_flow_producer_detached)
-        self.transfer_settled = self._notify(h.qpid_flow_transfer_settled)
-        self.consumer_attached = self._notify(h.qpid_flow_consumer_attached)
-        self.consumer_detached = self._notify(h.qpid_flow_consumer_detached)
-        self.group_assigned = self._notify(h.qpid_flow_group_assigned)
-        self.group_released = self._notify(h.qpid_flow_group_released)
-        self.message_enqueued = self._notify(h.qpid_flow_message_enqueued)
-        self.message_delivered = self._notify(h.qpid_flow_message_delivered)
-        self.message_settled = self._notify(h.qpid_flow_message_settled)
-        self.producer_credit = _guarded(h.qpid_flow_producer_credit, 0)
-        self.transfer_arrived = _guarded(
-            h.qpid_flow_transfer_arrived,
-            Reject("a qpid-flow policy failed on this transfer", condition="amqp:internal-error"),
+        if through_pluggy is None:
+            through_pluggy = os.environ.get(TRACE_ENVIRONMENT, "") not in ("", "0")
+        self.through_pluggy = through_pluggy
+        if through_pluggy:
+            pm.trace.root.setwriter(lambda message: log.debug("hook_trace", call=message.rstrip()))
+            pm.enable_tracing()
+            return
+        for name in hookspecs.hook_names():
+            if name in _AT_START:
+                continue
+            caller = getattr(pm.hook, name)
+            if name in _COLLECTED:
+                bound = _guarded(caller, _FALLBACKS[name], collect=True)
+            elif name in _FALLBACKS:
+                bound = _guarded(caller, _FALLBACKS[name])
+            else:
+                bound = self._notify(caller)
+            # Shadows the method of the same name: the method is the typed signature and
+            # the through-pluggy path; the instance attribute is the fast one.
+            setattr(self, name.removeprefix("qpid_flow_"), bound)
+
+    def _call(self, hook: str, **kwargs: Any) -> Any:
+        """Call ``hook`` through pluggy, with the same error handling as the snapshot."""
+        try:
+            result = getattr(self.pm.hook, hook)(**kwargs)
+        except Exception:
+            PLUGIN_ERRORS[hook] += 1
+            log.exception("plugin_error", hook=hook)
+            return _FALLBACKS.get(hook)
+        return result
+
+    # --- lifecycle (always through pluggy: called once) ---------------------------------
+
+    def destination_settings(self) -> list[DestinationSetting]:
+        """Every key plugins add to destination tables."""
+        return [s for group in self.pm.hook.qpid_flow_destination_settings() for s in group]
+
+    def destination_policy_check(self, *, config: RouterConfig, policy: DestinationPolicy, where: str) -> None:
+        """Raises ConfigError when a plugin refuses ``policy``."""
+        _refusable(self.pm.hook.qpid_flow_destination_policy_check)(config=config, policy=policy, where=where)
+
+    def configure(self, *, config: RouterConfig, manager: pluggy.PluginManager) -> None:
+        """Raises ConfigError when a plugin refuses ``config``."""
+        _refusable(self.pm.hook.qpid_flow_configure)(config=config, manager=manager)
+
+    def admin_routes(self) -> list[AdminRoute]:
+        """Every route plugins add to the admin endpoint."""
+        return [route for routes in self.pm.hook.qpid_flow_admin_routes() for route in routes]
+
+    def started(self, *, control: RouterControl) -> None:
+        """Historic: a plugin registered later is called with ``control`` as it registers."""
+        try:
+            self.pm.hook.qpid_flow_started.call_historic(kwargs={"control": control})
+        except Exception:
+            PLUGIN_ERRORS["qpid_flow_started"] += 1
+            log.exception("plugin_error", hook="qpid_flow_started")
+
+    def stopping(self) -> None:
+        self._call("qpid_flow_stopping")
+
+    # --- destinations -------------------------------------------------------------------
+
+    def destination_created(self, *, destination: Destination) -> None:
+        self._call("qpid_flow_destination_created", destination=destination)
+
+    def destination_deleted(self, *, destination: Destination) -> None:
+        self._call("qpid_flow_destination_deleted", destination=destination)
+
+    def destination_policy_changed(self, *, destination: Destination) -> None:
+        self._call("qpid_flow_destination_policy_changed", destination=destination)
+
+    def depth_changed(self, *, destination: Destination) -> None:
+        self._call("qpid_flow_depth_changed", destination=destination)
+
+    def flow_changed(self, *, destination: Destination, stopped: bool, limits: dict[str, int]) -> None:
+        self._call("qpid_flow_flow_changed", destination=destination, stopped=stopped, limits=limits)
+
+    def destination_stats(self, *, destination: Destination) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("qpid_flow_destination_stats", destination=destination)
+        return result
+
+    # --- producers ----------------------------------------------------------------------
+
+    def producer_attached(self, *, producer: Producer, destination: Destination | None) -> None:
+        self._call("qpid_flow_producer_attached", producer=producer, destination=destination)
+
+    def producer_credit(self, *, producer: Producer, destination: Destination | None) -> int | None:
+        result: int | None = self._call("qpid_flow_producer_credit", producer=producer, destination=destination)
+        return result
+
+    def transfer_arrived(self, *, producer: Producer, message: Message, destination: Destination) -> Decision | None:
+        result: Decision | None = self._call(
+            "qpid_flow_transfer_arrived", producer=producer, message=message, destination=destination
         )
-        self.settlement_delay = _guarded(h.qpid_flow_settlement_delay, False)
-        self.consumer_select = _guarded(h.qpid_flow_consumer_select, Hold("policy error"))
+        return result
+
+    def settlement_delay(
+        self, *, producer: Producer, message: Message, destination: Destination, settlement: Settlement
+    ) -> bool | None:
+        result: bool | None = self._call(
+            "qpid_flow_settlement_delay",
+            producer=producer,
+            message=message,
+            destination=destination,
+            settlement=settlement,
+        )
+        return result
+
+    def transfer_settled(self, *, producer: Producer, message: Message, settlement: Settlement) -> None:
+        self._call("qpid_flow_transfer_settled", producer=producer, message=message, settlement=settlement)
+
+    def producers_held(self, *, destination: Destination) -> bool | None:
+        result: bool | None = self._call("qpid_flow_producers_held", destination=destination)
+        return result
+
+    def producer_detached(self, *, producer: Producer, destination: Destination | None) -> None:
+        self._call("qpid_flow_producer_detached", producer=producer, destination=destination)
+
+    # --- consumers ----------------------------------------------------------------------
+
+    def consumer_attached(self, *, consumer: Consumer, destination: Destination) -> None:
+        self._call("qpid_flow_consumer_attached", consumer=consumer, destination=destination)
+
+    def consumer_select(
+        self, *, destination: Destination, message: Message, consumers: list[Consumer]
+    ) -> Consumer | Hold | None:
+        result: Consumer | Hold | None = self._call(
+            "qpid_flow_consumer_select", destination=destination, message=message, consumers=consumers
+        )
+        return result
+
+    def consumer_detached(self, *, consumer: Consumer, destination: Destination) -> None:
+        self._call("qpid_flow_consumer_detached", consumer=consumer, destination=destination)
+
+    # --- message groups -----------------------------------------------------------------
+
+    def group_assigned(self, *, destination: Destination, group: str, consumer: Consumer) -> None:
+        self._call("qpid_flow_group_assigned", destination=destination, group=group, consumer=consumer)
+
+    def group_released(self, *, destination: Destination, group: str, consumer: Consumer, reason: str) -> None:
+        self._call("qpid_flow_group_released", destination=destination, group=group, consumer=consumer, reason=reason)
+
+    # --- messages -----------------------------------------------------------------------
+
+    def message_enqueued(self, *, destination: Destination, message: Message) -> None:
+        self._call("qpid_flow_message_enqueued", destination=destination, message=message)
+
+    def message_delivered(self, *, destination: Destination, message: Message, consumer: Consumer) -> None:
+        self._call("qpid_flow_message_delivered", destination=destination, message=message, consumer=consumer)
+
+    def message_settled(
+        self, *, destination: Destination, message: Message, consumer: Consumer | None, settlement: Settlement
+    ) -> None:
+        self._call(
+            "qpid_flow_message_settled",
+            destination=destination,
+            message=message,
+            consumer=consumer,
+            settlement=settlement,
+        )
+
+    # --- questions about the plugins themselves -----------------------------------------
 
     def listens(self, name: str) -> bool:
-        """Whether any plugin implements the notification ``name`` (an attribute above):
-        a caller may skip building what only that notification would use."""
-        return getattr(self, name) is not _noop
-
-    def builtin_only(self, hook: str) -> bool:
-        """Whether every implementation of ``hook`` (its full name) is a built-in plugin's:
-        a caller may then rely on what the built-ins answer."""
-        return all(impl.plugin_name in BUILTIN_PLUGINS for impl in getattr(self.pm.hook, hook).get_hookimpls())
+        """Whether any plugin implements the notification ``name`` (a method above, e.g.
+        ``"message_enqueued"``): a caller may skip building what only it would use."""
+        return bool(getattr(self.pm.hook, f"qpid_flow_{name}").get_hookimpls())
 
     def listened(self, *notifications: str) -> bool:
-        """Whether some plugin implements one of these notification hooks (by attribute
-        name, e.g. ``"group_assigned"``): a caller may skip preparing what nobody reads."""
-        return any(getattr(self, name) is not _noop for name in notifications)
+        """Whether some plugin implements one of these notifications."""
+        return any(self.listens(name) for name in notifications)
+
+    def asked_before(self, hook: str, plugin: object) -> list[str]:
+        """The plugins whose implementation of ``hook`` (its full name) is called before
+        ``plugin``'s, by name: none means ``plugin``'s answer is the one that counts."""
+        names = []
+        for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):  # pluggy calls the last first
+            if impl.plugin is plugin:
+                break
+            names.append(impl.plugin_name)
+        return names
 
     @staticmethod
     def _notify(caller: Any) -> Callable[..., Any]:

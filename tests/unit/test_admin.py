@@ -18,6 +18,7 @@ from qpid_flow.admin import http as admin_module
 from qpid_flow.admin.http import AdminServer
 from qpid_flow.admin.metrics import Snapshot
 from qpid_flow.config import ConfigError
+from qpid_flow.plugin.declarations import AdminRequest, AdminRoute, required_string
 
 T = TypeVar("T")
 
@@ -144,6 +145,22 @@ class FakeOperations:
         }
 
 
+def plugin_routes(ops: FakeOperations) -> list[AdminRoute]:
+    """The routes a plugin adds as the flow-control and groups plugins do, answered by the fake."""
+
+    def producers(action: str) -> Callable[[AdminRequest], Any]:
+        return lambda request: ops.producers(action, required_string(request.body, "pattern"))
+
+    body = '{"pattern": "..."}'
+    return [
+        AdminRoute("POST", "/v1/producers/stop", producers("stop"), body),
+        AdminRoute("POST", "/v1/producers/start", producers("start"), body),
+        AdminRoute(
+            "GET", "/v1/groups/{name}", lambda request: ops.groups(request.params["name"]), not_found="destination"
+        ),
+    ]
+
+
 @pytest.fixture
 def ops() -> FakeOperations:
     return FakeOperations()
@@ -151,7 +168,7 @@ def ops() -> FakeOperations:
 
 @pytest.fixture
 def server(ops: FakeOperations) -> Iterator[AdminServer]:
-    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, token=TOKEN)
+    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, token=TOKEN, routes=plugin_routes(ops))
     admin.start()
     yield admin
     admin.stop()
@@ -373,13 +390,13 @@ def test_an_oversized_body_is_refused(server: AdminServer, ops: FakeOperations) 
 
 
 def test_start_raises_oserror_when_the_port_is_taken(server: AdminServer, ops: FakeOperations) -> None:
-    second = AdminServer(f"127.0.0.1:{server.port}", ops, ops.run_in_reactor)
+    second = AdminServer(f"127.0.0.1:{server.port}", ops, ops.run_in_reactor, routes=plugin_routes(ops))
     with pytest.raises(OSError):
         second.start()
 
 
 def test_stop_closes_the_port(ops: FakeOperations) -> None:
-    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor)
+    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, routes=plugin_routes(ops))
     admin.start()
     port = admin.port
     assert call(admin, "GET", "/v1/health")[0] == 200
@@ -412,7 +429,7 @@ def raw(
 
 @pytest.fixture
 def tokenless(ops: FakeOperations) -> Iterator[AdminServer]:
-    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor)
+    admin = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, routes=plugin_routes(ops))
     admin.start()
     yield admin
     admin.stop()
@@ -514,7 +531,7 @@ def test_beyond_loopback_reads_need_the_token_too(server: AdminServer, tokenless
      ("0.0.0.0:8673", False), ("[::]:8673", False), ("10.0.0.5:8673", False), ("admin.example:8673", False)],
 )  # fmt: skip
 def test_which_listen_addresses_are_loopback(ops: FakeOperations, listen: str, loopback: bool) -> None:
-    assert AdminServer(listen, ops, ops.run_in_reactor, token=TOKEN).loopback is loopback
+    assert AdminServer(listen, ops, ops.run_in_reactor, token=TOKEN, routes=plugin_routes(ops)).loopback is loopback
 
 
 def test_a_cross_site_text_plain_post_is_refused(
@@ -674,7 +691,7 @@ def test_healthz_is_503_when_the_reactor_does_not_answer(ops: FakeOperations) ->
     def stuck(_callback: Callable[[], T]) -> T:
         raise TimeoutError
 
-    admin = AdminServer("127.0.0.1:0", ops, stuck, token=TOKEN)
+    admin = AdminServer("127.0.0.1:0", ops, stuck, token=TOKEN, routes=plugin_routes(ops))
     admin.start()
     try:
         status, answer = call(admin, "GET", "/healthz")

@@ -17,7 +17,7 @@ from qpid_flow.admin import http as admin_module
 from qpid_flow.admin.http import AdminServer
 from qpid_flow.config import ConfigError
 from qpid_flow.security.users import UsersFile
-from tests.unit.test_admin import ORDERS, SLASHED, TOKEN, FakeOperations
+from tests.unit.test_admin import ORDERS, SLASHED, TOKEN, FakeOperations, plugin_routes
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def admin(ops: FakeOperations, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     monkeypatch.delenv("QPID_FLOW_ADMIN", raising=False)
     monkeypatch.setenv("QPID_FLOW_ADMIN_TOKEN", TOKEN)
     monkeypatch.setattr(admin_module, "log", QuietLog())
-    server = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, token=TOKEN)
+    server = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, token=TOKEN, routes=plugin_routes(ops))
     server.start()
     yield f"127.0.0.1:{server.port}"
     server.stop()
@@ -283,7 +283,7 @@ def test_a_router_without_a_token_refuses_changes_with_its_reason(
     ops: FakeOperations, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(admin_module, "log", QuietLog())
-    server = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor)
+    server = AdminServer("127.0.0.1:0", ops, ops.run_in_reactor, routes=plugin_routes(ops))
     server.start()
     try:
         address = f"127.0.0.1:{server.port}"

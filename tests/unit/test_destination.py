@@ -28,7 +28,7 @@ def hooks() -> Hooks:
 
 
 def make(hooks: Hooks, **policy: Any) -> Destination:
-    return Destination("q", DestinationPolicy(pattern="q", **policy), hooks)
+    return Destination("q", DestinationPolicy.of(pattern="q", **policy), hooks)
 
 
 def msg(n: int) -> Message:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from qpid_flow.config import ConfigError, DestinationPolicy, build_config
+from qpid_flow.policies.flow_control.plugin import limits_in_force
 from qpid_flow.policies.flow_control.thresholds import FlowLimits, FlowState, FlowTransition, LimitError, flow_limits
 
 KB = 1024
 
 
 def test_seed_000_stop_900_resume_500_of_1000() -> None:
-    limits, _ = flow_limits(DestinationPolicy(max_count=1000, flow_stop_count=900, flow_resume_count=500))
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=1000, flow_stop_count=900, flow_resume_count=500))
     state = FlowState(limits)
     for count in range(1, 901):
         assert state.update(count, 0) is None, f"{count} enqueued must still be OFF"
@@ -29,7 +30,7 @@ def test_seed_000_stop_900_resume_500_of_1000() -> None:
 
 def test_seed_000_count_or_bytes_to_stop_both_to_resume() -> None:
     limits, _ = flow_limits(
-        DestinationPolicy(
+        DestinationPolicy.of(
             max_count=5000,
             max_size=10 * KB,
             flow_stop_count=4000,
@@ -52,42 +53,42 @@ def test_seed_000_count_or_bytes_to_stop_both_to_resume() -> None:
 
 
 def test_seed_000_defaults_90_75_of_10000_bytes() -> None:
-    limits, _ = flow_limits(DestinationPolicy(max_size=10000), 90, 75)
+    limits, _ = flow_limits(DestinationPolicy.of(max_size=10000), 90, 75)
     assert (limits.stop_size, limits.resume_size) == (9000, 7500)
-    limits, _ = flow_limits(DestinationPolicy(max_count=10000), 90, 75)
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=10000), 90, 75)
     assert (limits.stop_count, limits.resume_count) == (9000, 7500)
 
 
 def test_default_ratios_are_80_and_70() -> None:
-    limits, _ = flow_limits(DestinationPolicy(max_count=1000))
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=1000))
     assert (limits.stop_count, limits.resume_count) == (800, 700)
 
 
 def test_seed_003_200_mb_at_80_percent_stops_at_163840() -> None:
     # seed 003: "qpid.max_size of 204800 ... flow_stop_threshold of 80 ... 163840 bytes".
-    limits, _ = flow_limits(DestinationPolicy(max_size=204800), 80, 70)
+    limits, _ = flow_limits(DestinationPolicy.of(max_size=204800), 80, 70)
     assert limits.stop_size == 163840
 
 
 def test_zero_default_ratios_disable_defaults_but_explicit_values_still_apply() -> None:
-    limits, _ = flow_limits(DestinationPolicy(max_count=1000), 0, 0)
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=1000), 0, 0)
     assert not limits.enabled
-    limits, _ = flow_limits(DestinationPolicy(max_count=1000, flow_stop_count=10, flow_resume_count=5), 0, 0)
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=1000, flow_stop_count=10, flow_resume_count=5), 0, 0)
     assert limits == FlowLimits(stop_count=10, resume_count=5)
 
 
 def test_explicit_zero_stops_disable_flow_control_on_the_destination() -> None:
-    limits, _ = flow_limits(DestinationPolicy(max_count=1000, max_size=10000, flow_stop_count=0, flow_stop_size=0))
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=1000, max_size=10000, flow_stop_count=0, flow_stop_size=0))
     assert not limits.enabled
 
 
 def test_ring_destinations_never_flow_control() -> None:
-    limits, _ = flow_limits(DestinationPolicy(max_count=10, limit_policy="ring"))
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=10, limit_policy="ring"))
     assert not limits.enabled
 
 
 def test_resume_zero_with_stop_means_resume_at_stop() -> None:
-    limits, _ = flow_limits(DestinationPolicy(flow_stop_count=100, flow_resume_count=0))
+    limits, _ = flow_limits(DestinationPolicy.of(flow_stop_count=100, flow_resume_count=0))
     assert (limits.stop_count, limits.resume_count) == (100, 100)
     state = FlowState(limits)
     state.update(101, 0)
@@ -96,7 +97,7 @@ def test_resume_zero_with_stop_means_resume_at_stop() -> None:
 
 
 def test_resume_without_stop_is_a_warning() -> None:
-    limits, warnings = flow_limits(DestinationPolicy(flow_resume_count=5), 0, 0)
+    limits, warnings = flow_limits(DestinationPolicy.of(flow_resume_count=5), 0, 0)
     assert not limits.enabled
     assert warnings and "flow_resume_count" in warnings[0]
 
@@ -104,10 +105,10 @@ def test_resume_without_stop_is_a_warning() -> None:
 @pytest.mark.parametrize(
     ("policy", "key"),
     [
-        (DestinationPolicy(flow_stop_count=500, flow_resume_count=900), "flow_resume_count"),
-        (DestinationPolicy(max_count=1000, flow_stop_count=1000), "flow_stop_count"),
-        (DestinationPolicy(max_size=100, flow_stop_size=200, flow_resume_size=10), "flow_stop_size"),
-        (DestinationPolicy(flow_stop_size=10, flow_resume_size=20), "flow_resume_size"),
+        (DestinationPolicy.of(flow_stop_count=500, flow_resume_count=900), "flow_resume_count"),
+        (DestinationPolicy.of(max_count=1000, flow_stop_count=1000), "flow_stop_count"),
+        (DestinationPolicy.of(max_size=100, flow_stop_size=200, flow_resume_size=10), "flow_stop_size"),
+        (DestinationPolicy.of(flow_stop_size=10, flow_resume_size=20), "flow_resume_size"),
     ],
 )
 def test_impossible_thresholds_are_errors(policy: DestinationPolicy, key: str) -> None:
@@ -132,7 +133,7 @@ def test_configuration_refuses_bad_thresholds_naming_the_key() -> None:
 
 def test_qpid_declare_aliases_for_thresholds() -> None:
     config = build_config({"destinations": {"q": {"qpid.flow_stop_count": 9, "qpid.flow_resume_count": 4}}})
-    limits, _ = config.flow_limits(config.policy_for("q"))
+    limits, _ = limits_in_force(config, config.policy_for("q"))
     assert (limits.stop_count, limits.resume_count) == (9, 4)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from qpid_flow.config import build_config
 from qpid_flow.core.memory import MemoryMeter
@@ -12,6 +12,10 @@ from qpid_flow.core.model import Hold, Message, Outcome, Producer, Reject, Settl
 from qpid_flow.core.registry import Destinations
 from qpid_flow.plugin.manager import Hooks, build_plugin_manager
 from qpid_flow.policies.flow_control.plugin import Plugin as FlowPlugin
+
+if TYPE_CHECKING:
+    from qpid_flow.core.destination import Destination
+    from qpid_flow.plugin.control import RouterControl
 
 
 class FakeControl:
@@ -43,12 +47,12 @@ def setup(toml: dict[str, Any], limit: int = 0) -> tuple[Hooks, Destinations, Fa
     config = build_config({"producer_window": 100, "default_max_size": 0, **toml})
     pm = build_plugin_manager()
     hooks = Hooks(pm)
-    hooks.configure(config=config)
+    hooks.configure(config=config, manager=pm)
     control = FakeControl(limit)
     registry = Destinations(config, hooks, control.memory)
     control.registry = registry
     control.hooks = hooks
-    hooks.started(control=control)
+    hooks.started(control=cast("RouterControl", control))
     flow = pm.get_plugin("flow")
     assert isinstance(flow, FlowPlugin)
     return hooks, registry, control, flow
@@ -64,6 +68,12 @@ def attach(registry: Destinations, address: str | None) -> Producer:
     return producer
 
 
+def existing(registry: Destinations, name: str) -> Destination:
+    destination = registry.get(name)
+    assert destination is not None
+    return destination
+
+
 def fill(registry: Destinations, address: str, count: int, size: int = 10) -> None:
     destination = registry.get(address)
     assert destination is not None
@@ -74,17 +84,17 @@ def fill(registry: Destinations, address: str, count: int, size: int = 10) -> No
 def test_credit_never_exceeds_the_headroom_across_producers() -> None:
     hooks, registry, _, _ = setup(SEED)
     fill(registry, "orders", 850)
-    orders = registry.get("orders")
+    orders = existing(registry, "orders")
     a, b = attach(registry, "orders"), attach(registry, "orders")
-    a.credit = hooks.producer_credit(producer=a, destination=orders)
-    b.credit = hooks.producer_credit(producer=b, destination=orders)
+    a.credit = hooks.producer_credit(producer=a, destination=orders) or 0
+    b.credit = hooks.producer_credit(producer=b, destination=orders) or 0
     assert a.credit + b.credit == 51  # 850 + 51 = 901: the crossing one is the last
 
 
 def test_no_credit_while_stopped_and_credit_again_below_resume() -> None:
     hooks, registry, control, _ = setup(SEED)
     fill(registry, "orders", 901)
-    orders = registry.get("orders")
+    orders = existing(registry, "orders")
     assert orders is not None
     producer = attach(registry, "orders")
     assert hooks.producer_credit(producer=producer, destination=orders) == 0
@@ -103,7 +113,7 @@ def test_no_credit_while_stopped_and_credit_again_below_resume() -> None:
 def test_anonymous_relay_settlement_waits_while_stopped() -> None:
     hooks, registry, _, _ = setup(SEED)
     fill(registry, "orders", 901)
-    orders = registry.get("orders")
+    orders = existing(registry, "orders")
     anonymous = attach(registry, None)
     accepted = Settlement.accepted()
     message = Message(b"x", "orders")
@@ -127,16 +137,16 @@ def test_reject_policy_rejects_while_on_and_reject_after_holds_first() -> None:
         fill(registry, name, 3)
     producer = attach(registry, "fast")
     decision = hooks.transfer_arrived(
-        producer=producer, message=Message(b"x", "fast"), destination=registry.get("fast")
+        producer=producer, message=Message(b"x", "fast"), destination=existing(registry, "fast")
     )
     assert isinstance(decision, Reject) and decision.condition == "amqp:resource-limit-exceeded"
     assert "'fast' is full" in decision.description
     decision = hooks.transfer_arrived(
-        producer=producer, message=Message(b"x", "slow"), destination=registry.get("slow")
+        producer=producer, message=Message(b"x", "slow"), destination=existing(registry, "slow")
     )
     assert isinstance(decision, Hold)
     # Credit keeps flowing for both: the producer must be able to send to be answered.
-    assert hooks.producer_credit(producer=producer, destination=registry.get("fast")) == 100
+    assert hooks.producer_credit(producer=producer, destination=existing(registry, "fast")) == 100
 
 
 def test_memory_limit_stops_every_producer() -> None:
@@ -184,12 +194,12 @@ def test_with_a_size_threshold_and_no_size_seen_yet_the_first_grant_is_a_full_wi
 
 def test_a_producer_leaving_wakes_those_that_went_short() -> None:
     hooks, registry, control, _ = setup({"destinations": {"q": {"flow_stop_count": 1, "flow_resume_count": 1}}})
-    destination = registry.get("q")
+    destination = existing(registry, "q")
     first, second = attach(registry, "q"), attach(registry, "q")
-    first.credit = hooks.producer_credit(producer=first, destination=destination)
+    first.credit = hooks.producer_credit(producer=first, destination=destination) or 0
     assert first.credit == 2  # room for the one that crosses the threshold, too
     assert hooks.producer_credit(producer=second, destination=destination) == 0
-    destination.producers.discard(first)  # type: ignore[union-attr]
+    destination.producers.discard(first)
     hooks.producer_detached(producer=first, destination=destination)
     assert control.timers, "the producer that went short is asked again"
 
@@ -197,7 +207,7 @@ def test_a_producer_leaving_wakes_those_that_went_short() -> None:
 def test_purge_and_policy_removal_resume_producers() -> None:
     _, registry, control, _ = setup(SEED)
     fill(registry, "orders", 901)
-    orders = registry.get("orders")
+    orders = existing(registry, "orders")
     assert orders is not None and orders.stats()["flowStopped"] is True
     assert orders.purge() == 901
     assert (orders.depth, orders.stats()["flowStopped"]) == (0, False)
@@ -218,6 +228,6 @@ def test_groups_can_be_switched_on_at_runtime_keeping_the_waiting_messages() -> 
     fill(registry, "carts", 3)
     carts = registry.get("carts")
     assert carts is not None
-    registry.set_policy("carts", DestinationPolicy(pattern="carts", shared_groups=True, group_header="JMSXGroupID"))
+    registry.set_policy("carts", DestinationPolicy.of(pattern="carts", shared_groups=True, group_header="JMSXGroupID"))
     assert isinstance(carts.queue, GroupedQueue) and len(carts.queue) == 3
     assert carts.stats()["groupHeader"] == "JMSXGroupID"

@@ -30,7 +30,7 @@ class Wire:
 
 def grouped(header: str | None = None) -> tuple[Destination, Wire]:
     hooks = Hooks(build_plugin_manager())
-    destination = Destination("q", DestinationPolicy(pattern="q"), hooks)
+    destination = Destination("q", DestinationPolicy.of(pattern="q"), hooks)
     destination.replace_queue(GroupedQueue(header, hooks.consumer_select))
     return destination, Wire()
 
@@ -211,7 +211,7 @@ def test_memory_returns_to_where_it_was_after_groups_drain() -> None:
 def test_accepting_past_a_released_message_is_reported_as_out_of_order() -> None:
     events: list[tuple[str, str]] = []
     hooks = Hooks(build_plugin_manager())
-    dest = Destination("q", DestinationPolicy(pattern="q"), hooks)
+    dest = Destination("q", DestinationPolicy.of(pattern="q"), hooks)
     dest.replace_queue(GroupedQueue(None, hooks.consumer_select, on_event=lambda e, g, c: events.append((e, g))))
     wire = Wire()
     for i in (1, 2):
@@ -277,7 +277,7 @@ def _grouped_by_plugin(*plugins: Any) -> Destination:
     pm.unregister(name="events")  # as the server does without an event log
     for plugin in plugins:
         pm.register(plugin)
-    destination = Destination("q", DestinationPolicy(pattern="q", shared_groups=True), Hooks(pm))
+    destination = Destination("q", DestinationPolicy.of(pattern="q", shared_groups=True), Hooks(pm))
     destination.hooks.destination_created(destination=destination)
     return destination
 
@@ -339,9 +339,9 @@ def test_grouping_switched_off_and_on_keeps_held_groups_with_their_holders(info_
     held = wire.sent[0][1]
     assert names(wire, first) == ["A-1"]
 
-    dest.policy = DestinationPolicy(pattern="q", shared_groups=False)
+    dest.policy = DestinationPolicy.of(pattern="q", shared_groups=False)
     dest.hooks.destination_policy_changed(destination=dest)
-    dest.policy = DestinationPolicy(pattern="q", shared_groups=True)
+    dest.policy = DestinationPolicy.of(pattern="q", shared_groups=True)
     dest.hooks.destination_policy_changed(destination=dest)
     queue = dest.queue
     assert isinstance(queue, GroupedQueue)
@@ -366,7 +366,7 @@ def test_selectors_hold_with_groups(sole_consumer_shortcut: bool) -> None:
     one consumer at a time: the owner's non-matching head waits until the owner settles the
     group, then goes to a consumer that matches it."""
     hooks = Hooks(build_plugin_manager())
-    destination = Destination("q", DestinationPolicy(pattern="q"), hooks)
+    destination = Destination("q", DestinationPolicy.of(pattern="q"), hooks)
     destination.replace_queue(
         GroupedQueue(None, destination.queue_select, sole_consumer_takes_free_groups=sole_consumer_shortcut)
     )

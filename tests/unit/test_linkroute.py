@@ -83,7 +83,7 @@ def _builtin_hooks(config: RouterConfig) -> Hooks:
     for name, _plugin in list(pm.list_name_plugin()):
         if name not in BUILTIN_PLUGINS or name == "events":
             pm.unregister(name=name)
-    Hooks(pm).configure(config=config)
+    Hooks(pm).configure(config=config, manager=pm)
     return Hooks(pm)
 
 

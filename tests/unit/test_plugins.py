@@ -33,6 +33,7 @@ def test_question_hooks_are_firstresult_and_notifications_are_not() -> None:
             "qpid_flow_transfer_arrived",
             "qpid_flow_settlement_delay",
             "qpid_flow_consumer_select",
+            "qpid_flow_producers_held",
         }
         assert firstresult is is_question, name
 
@@ -46,7 +47,7 @@ def test_an_installed_plugin_is_asked_before_the_builtin() -> None:
     pm = build_plugin_manager()
     pm.register(Strict(), name="strict")
     hooks = Hooks(pm)
-    dest = Destination("q", DestinationPolicy(), hooks)
+    dest = Destination("q", DestinationPolicy.of(), hooks)
     producer = Producer("q")
     assert hooks.transfer_arrived(producer=producer, message=Message(b"12345", "q"), destination=dest) == Reject(
         "too big"
@@ -74,7 +75,7 @@ def test_plugins_named_in_the_environment_are_loaded(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "qf_env_plugin", module)
     monkeypatch.setenv("QPID_FLOW_PLUGINS", "qf_env_plugin")
     hooks = Hooks(build_plugin_manager())
-    hooks.destination_created(destination=Destination("x", DestinationPolicy(), hooks))
+    hooks.destination_created(destination=Destination("x", DestinationPolicy.of(), hooks))
     assert seen == ["x"]
 
 
@@ -95,7 +96,7 @@ def test_a_failing_plugin_is_contained_with_the_safest_answer() -> None:
     pm = build_plugin_manager()
     pm.register(Broken(), name="broken")
     hooks = Hooks(pm)
-    dest = Destination("q", DestinationPolicy(), hooks)
+    dest = Destination("q", DestinationPolicy.of(), hooks)
     assert hooks.producer_credit(producer=Producer("q"), destination=dest) == 0
     consumer = Consumer("q", lambda c, m: None)
     assert isinstance(hooks.consumer_select(destination=dest, message=Message(b"x", "q"), consumers=[consumer]), Hold)
@@ -121,10 +122,10 @@ def test_a_plugin_refusing_its_settings_stops_the_start_and_a_bug_does_not() -> 
     pm = build_plugin_manager()
     pm.register(Refusing(), name="refusing")
     with pytest.raises(ConfigError, match=r"plugins.refusing.limit = -1: must be >= 0"):
-        Hooks(pm).configure(config=RouterConfig())
+        Hooks(pm).configure(config=RouterConfig(), manager=pm)
     pm = build_plugin_manager()
     pm.register(Buggy(), name="buggy")
-    Hooks(pm).configure(config=RouterConfig())
+    Hooks(pm).configure(config=RouterConfig(), manager=pm)
 
 
 def test_passthrough_keeps_a_window_topped_up_in_batches() -> None:
@@ -173,7 +174,7 @@ def test_the_direct_callers_answer_exactly_as_pluggy_does() -> None:
         for plugin in plugins:
             pm.register(plugin)
         hooks = Hooks(pm)
-        dest = Destination("q", DestinationPolicy(), hooks)
+        dest = Destination("q", DestinationPolicy.of(), hooks)
         producer = Producer("q")
         message = Message(b"1", "q")
         # A notification answers nothing: the same implementations see the same arguments.
@@ -187,7 +188,7 @@ def test_the_direct_callers_answer_exactly_as_pluggy_does() -> None:
                 producer=producer, message=message, destination=dest
             ) == pm.hook.qpid_flow_transfer_arrived(producer=producer, message=message, destination=dest)
         # Notifications answer nothing; the one whose answers are read collects them as pluggy does.
-        assert hooks.depth_changed(destination=dest) is None
+        assert hooks.depth_changed(destination=dest) is None  # type: ignore[func-returns-value]
         assert hooks.destination_stats(destination=dest) == pm.hook.qpid_flow_destination_stats(destination=dest)
 
 
@@ -195,5 +196,5 @@ def test_one_plugin_alone_still_adds_its_statistics() -> None:
     """With a single implementation of destination_stats (here flow control's, the groups
     plugin disabled) its figures still reach the destination's record."""
     hooks = Hooks(build_plugin_manager(disabled=["groups", "events"]))
-    dest = Destination("q", DestinationPolicy(), hooks)
+    dest = Destination("q", DestinationPolicy.of(), hooks)
     assert "flowStoppedCount" in dest.stats()

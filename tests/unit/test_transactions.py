@@ -48,7 +48,7 @@ def test_a_txn_id_is_good_on_its_own_connection_only() -> None:
 
 
 def _destination(address: str, **policy: Any) -> Destination:
-    return Destination(address, DestinationPolicy(pattern=address, **policy), Hooks(build_plugin_manager()))
+    return Destination(address, DestinationPolicy.of(pattern=address, **policy), Hooks(build_plugin_manager()))
 
 
 def test_a_commit_is_refused_when_it_would_overfill_a_destination() -> None:

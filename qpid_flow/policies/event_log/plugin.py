@@ -21,11 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from qpid_flow import hookimpl
 from qpid_flow.config import ConfigError
+from qpid_flow.core.model import group_key
 from qpid_flow.policies.event_log.process import EventLogUnavailable, ProcessSink
 from qpid_flow.policies.event_log.writers import Batch, WriterThread
-from qpid_flow.policies.groups.grouped_queue import GroupedQueue, group_key
+from qpid_flow.policies.flow_control.thresholds import flow_limits
 
 if TYPE_CHECKING:
+    import pluggy
+
     from qpid_flow.config import RouterConfig
     from qpid_flow.core.destination import Destination
     from qpid_flow.core.model import Consumer, Message, Producer, Settlement
@@ -38,9 +41,9 @@ _now = time.time  # a global name: one lookup less, four times a message
 def _group(destination: Destination, message: Message) -> str | None:
     """The group column: the group a grouped destination dispatches the message in, else
     its ``group-id`` (None without one)."""
-    queue = destination.queue
-    if isinstance(queue, GroupedQueue):
-        return queue.group_of(message)
+    group_of = getattr(destination.queue, "group_of", None)  # a queue that dispatches by group
+    if group_of is not None:
+        return group_of(message)
     raw = message.group_id()
     return None if raw is None else group_key(raw)
 
@@ -70,8 +73,9 @@ class Plugin:
         return self._batch is not None
 
     @hookimpl
-    def qpid_flow_configure(self, config: RouterConfig) -> None:
+    def qpid_flow_configure(self, config: RouterConfig, manager: pluggy.PluginManager) -> None:
         if not config.events:
+            manager.unregister(self)  # no event log: none of its hooks called per message
             return
         self._config = config
         path = Path(config.events)
@@ -217,7 +221,9 @@ class Plugin:
         assert self._config is not None
         policy = destination.policy
         try:
-            limits = self._config.flow_limits(policy)[0].as_dict()
+            config = self._config
+            in_force, _ = flow_limits(policy, config.default_flow_stop_threshold, config.default_flow_resume_threshold)
+            limits = in_force.as_dict()
         except ValueError:
             limits = {}  # refused when configured; nothing in force to report
         self._emit(
@@ -226,7 +232,7 @@ class Plugin:
             maxCount=policy.max_count or 0,
             maxSize=policy.max_size or 0,
             limitPolicy=policy.policy,
-            grouped=bool(policy.shared_groups),
+            grouped=bool(policy.setting("shared_groups")),
             producerWindow=self._config.producer_window,
             **limits,
         )

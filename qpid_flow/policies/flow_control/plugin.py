@@ -28,13 +28,21 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from qpid_flow import hookimpl
-from qpid_flow.config import build_config, pattern_matches
+from qpid_flow.config import (
+    ConfigError,
+    build_config,
+    parse_duration,
+    parse_non_negative_int,
+    parse_size,
+    pattern_matches,
+)
 from qpid_flow.core.credit import window_need
 from qpid_flow.core.model import Hold, Outcome, Reject
-from qpid_flow.policies.flow_control.thresholds import FlowState, FlowTransition
+from qpid_flow.plugin.declarations import AdminRequest, AdminRoute, DestinationSetting, required_string
+from qpid_flow.policies.flow_control.thresholds import FlowLimits, FlowState, FlowTransition, LimitError, flow_limits
 
 if TYPE_CHECKING:
-    from qpid_flow.config import RouterConfig
+    from qpid_flow.config import DestinationPolicy, RouterConfig
     from qpid_flow.core.destination import Destination
     from qpid_flow.core.model import Decision, Message, Producer, Settlement
     from qpid_flow.plugin.control import RouterControl
@@ -57,6 +65,26 @@ class _Entry:
     timer_due: float | None = None  # reject_after: when the pending re-check fires
 
 
+# The keys this plugin adds to destination tables; ``qpid.*`` are qpidd's queue-declare names.
+SETTINGS = [
+    DestinationSetting(
+        "flow_stop_count", parse_non_negative_int, ("qpid.flow_stop_count",), "stop producers above this depth"
+    ),
+    DestinationSetting(
+        "flow_resume_count", parse_non_negative_int, ("qpid.flow_resume_count",), "resume them below this depth"
+    ),
+    DestinationSetting("flow_stop_size", parse_size, ("qpid.flow_stop_size",), "stop producers above these bytes"),
+    DestinationSetting("flow_resume_size", parse_size, ("qpid.flow_resume_size",), "resume them below these bytes"),
+    DestinationSetting("reject_after", parse_duration, (), "hold a transfer this long while stopped, then reject it"),
+]
+
+
+def limits_in_force(config: RouterConfig, policy: DestinationPolicy) -> tuple[FlowLimits, list[str]]:
+    """The thresholds ``policy`` sets, or the router's defaults as percentages of its
+    maximum, and warnings worth logging (:func:`thresholds.flow_limits`)."""
+    return flow_limits(policy, config.default_flow_stop_threshold, config.default_flow_resume_threshold)
+
+
 class Plugin:
     def __init__(self, clock: Any = time.monotonic) -> None:
         self._clock = clock
@@ -72,6 +100,30 @@ class Plugin:
     def qpid_flow_configure(self, config: RouterConfig) -> None:
         self._config = config
         self._window = config.producer_window
+
+    @hookimpl
+    def qpid_flow_destination_settings(self) -> list[DestinationSetting]:
+        return SETTINGS
+
+    @hookimpl
+    def qpid_flow_destination_policy_check(self, config: RouterConfig, policy: DestinationPolicy, where: str) -> None:
+        reject_after = policy.setting("reject_after")
+        if reject_after is not None and policy.policy != "flow":
+            raise ConfigError(
+                f"{where}.reject_after", reject_after, f"does not combine with limit_policy {policy.policy!r}"
+            )
+        try:
+            limits_in_force(config, policy)
+        except LimitError as exc:
+            raise ConfigError(f"{where}.{exc.key}", exc.value, exc.rule) from exc
+
+    @hookimpl
+    def qpid_flow_admin_routes(self) -> list[AdminRoute]:
+        body = '{"pattern": "..."}'
+        return [
+            AdminRoute("POST", "/v1/producers/stop", lambda request: self._producers_route("stop", request), body),
+            AdminRoute("POST", "/v1/producers/start", lambda request: self._producers_route("start", request), body),
+        ]
 
     @hookimpl
     def qpid_flow_started(self, control: RouterControl) -> None:
@@ -95,7 +147,7 @@ class Plugin:
     def _limits_for(self, destination: Destination) -> Any:
         if self._config is None:
             self._config = build_config({})
-        limits, warnings = self._config.flow_limits(destination.policy)
+        limits, warnings = limits_in_force(self._config, destination.policy)
         for warning in warnings:
             log.warning("flow_config_warning", address=destination.address, warning=warning)
         return limits
@@ -204,7 +256,7 @@ class Plugin:
         if self.stopped_by_operator(destination.address):
             return 0
         policy = destination.policy
-        if policy.policy != "flow" or policy.reject_after is not None:
+        if policy.policy != "flow" or policy.settings.get("reject_after") is not None:
             return need  # reject / reject_after must see the transfers to answer them
         entry = self._entry(destination)
         limits = entry.state.limits
@@ -230,18 +282,19 @@ class Plugin:
         policy = destination.policy
         if policy.policy == "reject":
             return Reject(self._full(destination)) if self._blocked(destination) else None
-        if policy.reject_after is None:
+        reject_after = policy.settings.get("reject_after")
+        if reject_after is None:
             return None
         entry = self._entry(destination)
         if not self._blocked(destination):
             entry.deadlines.pop(message.sequence, None)
             return None
         now = self._clock()
-        deadline = entry.deadlines.setdefault(message.sequence, now + policy.reject_after)
+        deadline = entry.deadlines.setdefault(message.sequence, now + reject_after)
         remaining = deadline - now
         if remaining <= _TIMER_SLACK:
             del entry.deadlines[message.sequence]
-            return Reject(f"{self._full(destination)}; waited {policy.reject_after:g}s")
+            return Reject(f"{self._full(destination)}; waited {reject_after:g}s")
         self._wake_at(destination, entry, remaining)
         return Hold("flow stopped")
 
@@ -270,7 +323,7 @@ class Plugin:
         if not producer.anonymous or settlement.outcome is not Outcome.ACCEPTED:
             return None
         policy = destination.policy
-        if policy.policy != "flow" or policy.reject_after is not None:
+        if policy.policy != "flow" or policy.settings.get("reject_after") is not None:
             return None
         return self._blocked(destination)
 
@@ -305,6 +358,22 @@ class Plugin:
     @property
     def stopped_patterns(self) -> list[str]:
         return sorted(self._stopped_patterns)
+
+    def _producers_route(self, action: str, request: AdminRequest) -> dict[str, Any]:
+        """POST /v1/producers/{stop,start} {"pattern": ...}: what ``qpid-flow producers`` sends."""
+        pattern = required_string(request.body, "pattern")
+        if action == "stop":
+            self.stop_producers(pattern)
+        else:
+            self.start_producers(pattern)
+        control = self._control
+        addresses = [d.address for d in control.destinations()] if control is not None else []
+        matching = [address for address in addresses if self.stopped_by_operator(address)]
+        return {"action": action, "pattern": pattern, "stopped": self.stopped_patterns, "destinations": matching}
+
+    @hookimpl
+    def qpid_flow_producers_held(self, destination: Destination) -> bool:
+        return self.holds_producers(destination)
 
     # --- statistics -----------------------------------------------------------------------
 

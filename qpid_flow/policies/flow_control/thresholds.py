@@ -105,8 +105,8 @@ def flow_limits(
     stop_count, resume_count = _dimension(
         "count",
         policy.max_count or 0,
-        policy.flow_stop_count,
-        policy.flow_resume_count,
+        policy.setting("flow_stop_count"),
+        policy.setting("flow_resume_count"),
         default_stop_percent,
         default_resume_percent,
         warnings,
@@ -114,8 +114,8 @@ def flow_limits(
     stop_size, resume_size = _dimension(
         "size",
         policy.max_size or 0,
-        policy.flow_stop_size,
-        policy.flow_resume_size,
+        policy.setting("flow_stop_size"),
+        policy.setting("flow_resume_size"),
         default_stop_percent,
         default_resume_percent,
         warnings,

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from qpid_flow.core.model import Consumer, Hold, Message
+from qpid_flow.core.model import DEFAULT_GROUP, Consumer, Hold, Message, group_key
 
 if TYPE_CHECKING:
     from qpid_flow.core.destination import Destination
@@ -34,23 +34,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_GROUP", "GroupedQueue", "group_key"]
 
-DEFAULT_GROUP = "qpid.no-group"
 _SHRINK_AFTER = 1024
 
 # (event, group id, consumer) -> None; event: "assigned", a release reason ("settled",
 # "detached", "lease"), or "out_of_order"
 GroupEvents = Callable[[str, str, Consumer], None]
-
-
-def group_key(raw: Any, default_group: str = DEFAULT_GROUP) -> str:
-    """The group a message belongs to: its id as a string, or the default group."""
-    if raw is None or raw == "" or raw == b"":
-        return default_group
-    if isinstance(raw, str):
-        return raw
-    if isinstance(raw, bytes):
-        return raw.decode("utf-8", "replace")
-    return str(raw)
 
 
 def _sequence_of(message: Message) -> int:

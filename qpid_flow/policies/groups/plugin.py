@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from qpid_flow import hookimpl
+from qpid_flow.config import ConfigError, parse_boolean, parse_duration, parse_string
+from qpid_flow.plugin.declarations import AdminRequest, AdminRoute, DestinationSetting
 from qpid_flow.policies.groups.grouped_queue import GroupedQueue
 
 if TYPE_CHECKING:
@@ -28,6 +30,23 @@ log = structlog.get_logger(__name__)
 
 # How often leases are checked: a lease is honoured to within this.
 LEASE_SWEEP = 0.1
+
+
+def _positive_duration(value: Any, key: str) -> float:
+    seconds = parse_duration(value, key)
+    if seconds <= 0:
+        raise ConfigError(key, value, "must be a positive duration")
+    return seconds
+
+
+# The keys this plugin adds to destination tables; ``qpid.*`` are qpidd's queue-declare names.
+SETTINGS = [
+    DestinationSetting("shared_groups", parse_boolean, ("qpid.shared_msg_group",), "pin each message group"),
+    DestinationSetting(
+        "group_header", parse_string, ("qpid.group_header_key",), "application property naming the group"
+    ),
+    DestinationSetting("group_lease", _positive_duration, (), "release a group its owner holds longer than this"),
+]
 
 
 class Plugin:
@@ -43,6 +62,25 @@ class Plugin:
         self._default_group = config.default_message_group
 
     @hookimpl
+    def qpid_flow_destination_settings(self) -> list[DestinationSetting]:
+        return SETTINGS
+
+    @hookimpl
+    def qpid_flow_admin_routes(self) -> list[AdminRoute]:
+        return [AdminRoute("GET", "/v1/groups/{name}", self._groups_route, not_found="destination")]
+
+    def _groups_route(self, request: AdminRequest) -> dict[str, Any]:
+        """GET /v1/groups/{name}: each group of a grouped destination, its owner and messages."""
+        name = request.params["name"]
+        destination = self._control.destination(name) if self._control is not None else None
+        if destination is None:
+            raise KeyError(f"no destination {name!r}")
+        queue = destination.queue
+        if not isinstance(queue, GroupedQueue):
+            raise KeyError(f"message groups are not enabled on {name!r} (shared_groups = true)")
+        return {"name": name, "groups": queue.describe()}
+
+    @hookimpl
     def qpid_flow_started(self, control: RouterControl) -> None:
         self._control = control
         self._sweep_if_leased()
@@ -50,22 +88,22 @@ class Plugin:
     def _sweep_if_leased(self) -> None:
         """Keep the lease sweep running while some grouped destination has a lease, only:
         an idle router should not wake ten times a second for nothing."""
-        leased = any(d.policy.group_lease for d in self._grouped.values())
+        leased = any(d.policy.setting("group_lease") for d in self._grouped.values())
         if leased and not self._sweeping and self._control is not None:
             self._sweeping = True
             self._control.schedule(LEASE_SWEEP, self._sweep_leases)
 
     @hookimpl
     def qpid_flow_destination_created(self, destination: Destination) -> None:
-        if destination.policy.shared_groups:
+        if destination.policy.setting("shared_groups"):
             self._install(destination)
 
     @hookimpl
     def qpid_flow_destination_policy_changed(self, destination: Destination) -> None:
         queue = destination.queue
         grouped = isinstance(queue, GroupedQueue)
-        if destination.policy.shared_groups:
-            if not isinstance(queue, GroupedQueue) or queue.header != destination.policy.group_header:
+        if destination.policy.setting("shared_groups"):
+            if not isinstance(queue, GroupedQueue) or queue.header != destination.policy.setting("group_header"):
                 self._install(destination)
         elif grouped:
             self._grouped.pop(destination.address, None)
@@ -75,7 +113,7 @@ class Plugin:
     def _install(self, destination: Destination) -> None:
         address = destination.address
         queue = GroupedQueue(
-            destination.policy.group_header,
+            destination.policy.setting("group_header"),
             destination.queue_select,
             self._default_group,
             self._clock,
@@ -84,8 +122,9 @@ class Plugin:
             # calls per message with many short groups) when neither is read.
             ownership_events=log.is_enabled_for(logging.DEBUG)
             or destination.hooks.listened("group_assigned", "group_released"),
-            # This plugin's chooser gives a lone ready consumer every free group.
-            sole_consumer_takes_free_groups=destination.hooks.builtin_only("qpid_flow_consumer_select"),
+            # Asked first (no other plugin answers before it), this plugin's chooser gives
+            # a lone ready consumer every free group.
+            sole_consumer_takes_free_groups=not destination.hooks.asked_before("qpid_flow_consumer_select", self),
         )
         for consumer in destination.consumers:
             for message in sorted(consumer.held.values(), key=lambda m: m.sequence):
@@ -93,7 +132,9 @@ class Plugin:
         self._grouped[address] = destination
         destination.replace_queue(queue)
         self._sweep_if_leased()
-        log.info("groups_enabled", address=address, group_header=destination.policy.group_header or "group-id")
+        log.info(
+            "groups_enabled", address=address, group_header=destination.policy.setting("group_header") or "group-id"
+        )
 
     def _group_event(self, destination: Destination, event: str, group: str, consumer: Consumer) -> None:
         hooks = destination.hooks
@@ -132,7 +173,7 @@ class Plugin:
             return
         now = self._clock()
         for destination in list(self._grouped.values()):
-            lease = destination.policy.group_lease
+            lease = destination.policy.setting("group_lease")
             queue = destination.queue
             if not lease or not isinstance(queue, GroupedQueue):
                 continue
@@ -160,5 +201,5 @@ class Plugin:
             "groups": queue.group_count,
             "sharedGroups": True,
             "groupHeader": queue.header or "group-id",
-            "groupLease": destination.policy.group_lease,
+            "groupLease": destination.policy.setting("group_lease"),
         }

@@ -7,25 +7,15 @@ import socket
 import time
 from collections.abc import Callable
 
+from qpid_flow import testing
+
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Return `count` distinct TCP ports that were free a moment ago.
-
-    All sockets are held open until every port is picked, so the ports of one call never repeat
-    (a broker needs three: AMQP, epmd, Erlang distribution). Another process may still take a port
-    before our server binds it; the window is milliseconds and the kernel hands out ephemeral
-    ports round-robin, so in practice it does not happen.
-    """
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """Return ``count`` distinct TCP ports that were free a moment ago (a broker needs three:
+    AMQP, epmd, Erlang distribution). Another process may still take a port before our
+    server binds it; the window is milliseconds and the kernel hands out ephemeral ports
+    round-robin, so in practice it does not happen."""
+    return testing.free_ports(count, host)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
