@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.integration.harness.blocking_clients import ClientError  # noqa: E402
 from tests.integration.harness.broker import Broker  # noqa: E402
-from tests.integration.harness.clients import ClientError  # noqa: E402
 from tests.integration.harness.fuzzing import (  # noqa: E402
     FD_SLACK,
     RSS_PER_CONNECTION,

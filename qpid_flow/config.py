@@ -269,7 +269,8 @@ class DestinationPolicy:
         return cls(pattern=pattern, **core, settings=values)
 
     @property
-    def policy(self) -> str:
+    def when_full(self) -> str:
+        """What happens at capacity: ``limit_policy``, "flow" (producers wait) by default."""
         return self.limit_policy or "flow"
 
     def setting(self, key: str, default: Any = None) -> Any:

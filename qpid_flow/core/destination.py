@@ -493,7 +493,7 @@ class Destination:
             "consumers": len(self.consumers) + len(self.mirrored),
             "maxCount": self.policy.max_count or 0,
             "maxSize": self.policy.max_size or 0,
-            "limitPolicy": self.policy.policy,
+            "limitPolicy": self.policy.when_full,
             "policy": self.policy.pattern,
         }
         for extra in self._hooks.destination_stats(destination=self) or ():

@@ -34,7 +34,7 @@ class StandaloneBackend:
             message.expires = None  # not for qpid-flow to judge: it is passed on as sent
         if message.expires is not None:
             destination.expiring = True
-        if not destination.has_room_for(message) and destination.policy.policy == "ring":
+        if not destination.has_room_for(message) and destination.policy.when_full == "ring":
             # A ring keeps the newest messages: make room by dropping the oldest waiting.
             while not destination.has_room_for(message) and destination.drop_oldest():
                 pass

@@ -154,7 +154,7 @@ class Transaction:
         for destination, count, size in needs.values():
             if not is_current(destination):
                 return f"destination {destination.address!r} was deleted"
-            if destination.policy.policy != "ring" and not destination.has_room_for_many(count, size):
+            if destination.policy.when_full != "ring" and not destination.has_room_for_many(count, size):
                 return f"{count} messages do not fit: {destination.limit_description()}"
         return None
 

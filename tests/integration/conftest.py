@@ -51,7 +51,7 @@ def _start_broker(*, controllable: bool) -> Broker:
 @pytest.fixture(scope="session")
 def rabbitmq() -> Iterator[Broker]:
     """The session's RabbitMQ (AMQP 1.0 on `.url`). Shared: do not kill it; use unique queue
-    names (harness.clients.unique_address)."""
+    names (harness.blocking_clients.unique_address)."""
     broker = _start_broker(controllable=False)
     yield broker
     broker.stop()

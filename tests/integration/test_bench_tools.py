@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from .harness.blocking_clients import unique_address
 from .harness.cexamples import ProtonCExamples, build_c_program
-from .harness.clients import unique_address
 from .harness.net import free_port, port_accepts
 from .harness.router import StartRouter, admin_request
 from .harness.waiting import wait_until

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness.clients import ClientError
+from .harness.blocking_clients import ClientError
 from .harness.fuzzing import (
     AMQP_HEADER,
     NULL_MECHANISM_INIT,

@@ -12,15 +12,15 @@ from typing import Any, cast
 
 import pytest
 
-from .harness.broker import Broker, amqp1_handshake
-from .harness.cexamples import ProtonCExamples
-from .harness.clients import (
+from .harness.blocking_clients import (
     ClientError,
     numbered_messages,
     receive_messages,
     send_messages,
     unique_address,
 )
+from .harness.broker import Broker, amqp1_handshake
+from .harness.cexamples import ProtonCExamples
 from .harness.net import free_ports, port_accepts
 from .harness.router import RouterStartError, StartRouter, start_router
 from .harness.waiting import wait_until

@@ -28,9 +28,9 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
+from .harness.blocking_clients import unique_address
 from .harness.broker import Broker
 from .harness.cexamples import ProtonCExamples
-from .harness.clients import unique_address
 from .harness.router import StartRouter
 from .harness.scenario import (
     WAIT,

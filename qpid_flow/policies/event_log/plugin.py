@@ -231,7 +231,7 @@ class Plugin:
             destination.address,
             maxCount=policy.max_count or 0,
             maxSize=policy.max_size or 0,
-            limitPolicy=policy.policy,
+            limitPolicy=policy.when_full,
             grouped=bool(policy.setting("shared_groups")),
             producerWindow=self._config.producer_window,
             **limits,

@@ -108,9 +108,9 @@ class Plugin:
     @hookimpl
     def qpid_flow_destination_policy_check(self, config: RouterConfig, policy: DestinationPolicy, where: str) -> None:
         reject_after = policy.setting("reject_after")
-        if reject_after is not None and policy.policy != "flow":
+        if reject_after is not None and policy.when_full != "flow":
             raise ConfigError(
-                f"{where}.reject_after", reject_after, f"does not combine with limit_policy {policy.policy!r}"
+                f"{where}.reject_after", reject_after, f"does not combine with limit_policy {policy.when_full!r}"
             )
         try:
             limits_in_force(config, policy)
@@ -256,7 +256,7 @@ class Plugin:
         if self.stopped_by_operator(destination.address):
             return 0
         policy = destination.policy
-        if policy.policy != "flow" or policy.settings.get("reject_after") is not None:
+        if policy.when_full != "flow" or policy.settings.get("reject_after") is not None:
             return need  # reject / reject_after must see the transfers to answer them
         entry = self._entry(destination)
         limits = entry.state.limits
@@ -280,7 +280,7 @@ class Plugin:
     @hookimpl
     def qpid_flow_transfer_arrived(self, message: Message, destination: Destination) -> Decision | None:
         policy = destination.policy
-        if policy.policy == "reject":
+        if policy.when_full == "reject":
             return Reject(self._full(destination)) if self._blocked(destination) else None
         reject_after = policy.settings.get("reject_after")
         if reject_after is None:
@@ -323,7 +323,7 @@ class Plugin:
         if not producer.anonymous or settlement.outcome is not Outcome.ACCEPTED:
             return None
         policy = destination.policy
-        if policy.policy != "flow" or policy.settings.get("reject_after") is not None:
+        if policy.when_full != "flow" or policy.settings.get("reject_after") is not None:
             return None
         return self._blocked(destination)
 

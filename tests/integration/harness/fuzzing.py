@@ -47,7 +47,7 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from .clients import receive_messages, send_messages
+from .blocking_clients import receive_messages, send_messages
 from .router import RouterProcess
 
 SESSION_FILE = Path(__file__).resolve().parents[1] / "data" / "proton-session.txt"

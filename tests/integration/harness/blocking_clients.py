@@ -1,4 +1,6 @@
-"""Blocking helpers around Python Proton clients with explicit credit, for tests.
+"""Blocking send and receive helpers around Python Proton clients with explicit credit, for
+the harness and tests that need one call per exchange (tests/integration/clients.py holds
+the recording clients that run side by side in threads).
 
 Why not `proton.utils.BlockingConnection` or the default `MessagingHandler`:
 - `MessagingHandler(prefetch=1)` stalls after one message against RabbitMQ, so receivers here use
