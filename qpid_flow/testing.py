@@ -298,7 +298,7 @@ def start_router(
     # One folder per router (several may run in one test), named by port so logs never mix.
     workdir = workdir / f"qpid-flow-{port}"
     workdir.mkdir(parents=True, exist_ok=True)
-    argv = [python, "-m", "qpid_flow", "serve", "--listen", f"127.0.0.1:{port}", "--log-format", "json"]
+    argv = [python, "-m", "qpid_flow", "serve", "--listen", f"127.0.0.1:{port}"]  # JSON logs: not a TTY
     if broker_url:
         argv += ["--broker", broker_url]
     if config_text is not None:
