@@ -556,26 +556,35 @@ class Router(Handler):
             try:
                 address = codec.to_address(data)
             except codec.MalformedMessage as exc:
-                self._refuse_transfer(delivery, presettled, "amqp:decode-error", str(exc))
+                self._refuse_transfer(producer, link, delivery, presettled, "amqp:decode-error", str(exc))
                 return
             if not address:
                 self._refuse_transfer(
-                    delivery, presettled, "amqp:invalid-field", "an anonymous-relay transfer needs a 'to' address"
+                    producer,
+                    link,
+                    delivery,
+                    presettled,
+                    "amqp:invalid-field",
+                    "an anonymous-relay transfer needs a 'to' address",
                 )
                 return
             user = user_of(link.connection)
             if not self.access.allows(user, "send", self.acl_name(address)):
-                self._refuse_transfer(delivery, presettled, UNAUTHORIZED, _not_allowed(user, "send", address))
+                self._refuse_transfer(
+                    producer, link, delivery, presettled, UNAUTHORIZED, _not_allowed(user, "send", address)
+                )
                 return
         destination = self.destination_for(address)
         if destination is None:
-            self._refuse_transfer(delivery, presettled, "amqp:not-found", f"no destination {address!r}")
+            self._refuse_transfer(producer, link, delivery, presettled, "amqp:not-found", f"no destination {address!r}")
             return
         message = Message(data, destination.address, producer.id)
         if delivery.remote_state == TRANSACTIONAL_STATE:
             txn = self._transaction_of(link, delivery)
             if txn is None:
-                self._refuse_transfer(delivery, presettled, UNKNOWN_ID, "the transfer names no open transaction")
+                self._refuse_transfer(
+                    producer, link, delivery, presettled, UNKNOWN_ID, "the transfer names no open transaction"
+                )
                 return
             message.txn = txn
             txn.undecided += 1
@@ -610,12 +619,17 @@ class Router(Handler):
             self._held.setdefault(destination.address, []).append(message)
             self.memory.add(message.size)
 
-    def _refuse_transfer(self, delivery: LeanDelivery, presettled: bool, condition: str, description: str) -> None:
+    def _refuse_transfer(
+        self, producer: Producer, link: Link, delivery: LeanDelivery, presettled: bool, condition: str, description: str
+    ) -> None:
         log.info("transfer_refused", condition=condition, description=description)
         if not presettled:
             apply_settlement(delivery, Settlement(Outcome.REJECTED, condition, description))
         else:
             delivery.settle()
+        # The transfer spent credit like any other: top it up as a settlement does, or a
+        # window of refused transfers would leave the link with none for good.
+        self._grant(producer, link, ask=False)
 
     def _producer_outcome(self, message: Message, settlement: Settlement) -> None:
         """The backend (or a policy) decided the fate of a producer's transfer."""
