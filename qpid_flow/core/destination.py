@@ -329,9 +329,11 @@ class Destination:
         self.count_settled(settlement.outcome)
         self.queue.released(consumer, message, settlement.outcome.removes_message)
         if settlement.outcome.removes_message or (
-            settlement.outcome is Outcome.MODIFIED and settlement.undeliverable_here and message.on_dequeue
+            settlement.outcome is Outcome.MODIFIED and settlement.undeliverable_here
         ):
-            # undeliverable-here in front of a broker: let the broker route it elsewhere.
+            # undeliverable-here: it must not go back to this consumer (AMQP 1.0, 3.4.5); it
+            # leaves, as RabbitMQ drops it. In front of a broker, the broker is told
+            # modified and may route it elsewhere.
             self._dequeue(message, consumer, settlement)
             if self.queue:
                 self.dispatch()  # settling may free a message group for others

@@ -734,13 +734,6 @@ def test_a_rejecting_consumer_takes_the_message_off_the_destination(rig: Rig) ->
     assert (destination.depth, destination.rejected) == (0, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: standalone, modified(undeliverable-here) is requeued and handed to the same "
-    "consumer again (destination.settle dequeues it only when message.on_dequeue is set, i.e. "
-    "in front of a broker); docs/behaviour.md says the message leaves, and AMQP 1.0 (3.4.5) "
-    "says it must not be redelivered to that link",
-)
 def test_a_modified_undeliverable_here_message_is_not_delivered_to_that_consumer_again(rig: Rig) -> None:
     client = rig.connect()
     sender = client.attach_sender("orders")
@@ -829,13 +822,6 @@ def test_an_anonymous_relay_transfer_goes_to_its_to_address_and_one_without_is_r
     assert rig.recorder.named("producer_attached") == [("producer_attached", "anonymous-writer", None)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a transfer the router refuses itself (_refuse_transfer: no 'to', not found, "
-    "unauthorized, decode error, unknown transaction) is settled but never tops the credit "
-    "up (only _settle_producer calls _grant): a window of refused transfers leaves the link "
-    "with no credit for good",
-)
 def test_credit_spent_on_refused_transfers_is_given_back() -> None:
     rig = Rig({"producer_window": 4})
     client = rig.connect()
