@@ -55,7 +55,9 @@ class Server(Handler):
         super().__init__()
         self.config = config
         plugins = build_plugin_manager(config.disable_plugins)
-        Hooks(plugins).configure(config=config, manager=plugins)
+        # configure always goes through pluggy; tracing (QPID_FLOW_TRACE_HOOKS) is switched on
+        # once, by the facade below.
+        Hooks(plugins, through_pluggy=False).configure(config=config, manager=plugins)
         # Bound after configuration (a plugin may have left): a notification nobody
         # implements costs nothing.
         self.hooks = Hooks(plugins)
