@@ -420,9 +420,25 @@ _DESTINATION_FLAGS: list[tuple[str, str, Callable[[str], Any], str, str]] = [
 _DESTINATION_KEYS = [key for _, key, *_ in _DESTINATION_FLAGS] + ["limit_policy", "shared_groups"]
 
 
+def _setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` for ``--set``: the value as TOML reads it (``5``, ``true``, ``"10 MB"``),
+    else as text, so ``--set group_header=JMSXGroupID`` needs no quotes."""
+    import tomllib
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    try:
+        value: Any = tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
 def _config_add_destination(args: argparse.Namespace) -> int:
     # Only the flags given are sent: the router fills in the rest from its defaults.
     settings = {key: getattr(args, key) for key in _DESTINATION_KEYS if getattr(args, key) is not None}
+    settings.update(dict(args.set or ()))
     _print_json(_client(args).request("PUT", f"/v1/destinations/{_path_name(args.name)}", settings))
     return 0
 
@@ -523,6 +539,13 @@ def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action=argparse.BooleanOptionalAction,
         default=None,
         help="group ownership is shared by every consumer of the destination",
+    )
+    destination.add_argument(
+        "--set",
+        action="append",
+        type=_setting,
+        metavar="KEY=VALUE",
+        help="any destination key, a plugin's own included (repeatable), e.g. --set priority_levels=4",
     )
     destination.set_defaults(func=_config_add_destination)
     delete = config_sub.add_parser("del", help="remove a policy").add_subparsers(dest="object", required=True)

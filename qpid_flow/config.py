@@ -287,7 +287,7 @@ class DestinationPolicy:
         """This policy's explicit values, falling back to ``base`` for the rest."""
         core = {name: getattr(self, name) for name in _CORE_FIELDS if getattr(self, name) is not None}
         own = {key: value for key, value in self.settings.items() if value is not None}
-        return replace(base, **core, settings={**base.settings, **own})
+        return replace(base, pattern=self.pattern, **core, settings={**base.settings, **own})
 
 
 _CORE_FIELDS = ("max_count", "max_size", "limit_policy")
@@ -305,12 +305,12 @@ _DESTINATION_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
 
 def declared_settings(declarations: Iterable[DestinationSetting]) -> dict[str, DestinationSetting]:
     """Every plugin-declared key and alias -> its declaration. A key declared twice, or
-    one of the core's, is a plugin bug: refused at start."""
+    one of the core's, is a plugin bug: refused at start (ConfigError)."""
     found: dict[str, DestinationSetting] = {}
     for setting in declarations:
         for name in (setting.key, *setting.aliases):
             if name in _DESTINATION_KEYS or name in found:
-                raise ValueError(f"destination setting {name!r} is declared twice (by the core or another plugin)")
+                raise ConfigError("destination setting", name, "declared twice (by the core or another plugin)")
             found[name] = setting
     return found
 
@@ -608,9 +608,9 @@ def build_config(
             values[key] = _ROUTER_KEYS[key](raw, key)
         else:
             raise ConfigError(key, raw, "unknown key; known: " + ", ".join([*_ROUTER_KEYS, "destinations", "plugins"]))
-    if plugins is None:
-        from qpid_flow.plugin.manager import build_plugin_manager  # the manager reads this module
+    from qpid_flow.plugin.manager import build_plugin_manager, refusable  # the manager reads this module
 
+    if plugins is None:
         plugins = build_plugin_manager(values.get("disable_plugins", ()))
     declared = declared_settings(s for group in plugins.hook.qpid_flow_destination_settings() for s in group)
     destinations = {pattern: parse_destination(pattern, table, declared) for pattern, table in tables.items()}
@@ -621,10 +621,9 @@ def build_config(
             config.default_flow_resume_threshold,
             f"must not be above default_flow_stop_threshold ({config.default_flow_stop_threshold})",
         )
+    check = refusable(plugins.hook.qpid_flow_destination_policy_check)  # a plugin's bug is only logged
     for pattern in destinations:
-        plugins.hook.qpid_flow_destination_policy_check(
-            config=config, policy=config.policy_for(pattern), where=f'destinations."{pattern}"'
-        )
+        check(config=config, policy=config.policy_for(pattern), where=f'destinations."{pattern}"')
     _check_security(config)
     return config
 

@@ -63,13 +63,18 @@ __all__ = [
 def make_hooks(*plugins: object, config: RouterConfig | Mapping[str, Any] | None = None) -> Hooks:
     """The hooks of qpid-flow's own plugins plus ``plugins``, configured as at start (each
     plugin's ``qpid_flow_configure`` runs; ``config`` is a RouterConfig or a parsed TOML
-    table, default: none)."""
-    pm = build_plugin_manager()
+    table, default: none). Other installed plugins (entry points, ``$QPID_FLOW_PLUGINS``)
+    are left out, so a test sees only the plugins it names; a plugin installed through an
+    entry point may be passed as it is."""
+    table = {} if isinstance(config, RouterConfig) or config is None else dict(config)
+    disabled = config.disable_plugins if isinstance(config, RouterConfig) else table.get("disable_plugins", ())
+    pm = build_plugin_manager(disabled, installed=False)
     for index, plugin in enumerate(plugins):
-        pm.register(plugin, name=f"{type(plugin).__name__.lower()}-{index}")
+        if not pm.is_registered(plugin):
+            pm.register(plugin, name=f"{type(plugin).__name__.lower()}-{index}")
     if not isinstance(config, RouterConfig):
-        config = build_config(dict(config or {}), plugins=pm)
-    Hooks(pm).configure(config=config, manager=pm)
+        config = build_config(table, plugins=pm)
+    Hooks(pm, through_pluggy=False).configure(config=config, manager=pm)
     return Hooks(pm)
 
 
@@ -307,7 +312,10 @@ def start_router(
         argv += ["--config", str(config_path)]
     argv += list(extra_args)
     log_path = workdir / "qpid-flow.log"
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # The test's working directory (pytest's rootdir, usually) on PYTHONPATH: a plugin module
+    # that is not installed loads as it does in the test (the child runs in ``workdir``).
+    pythonpath = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **(env or {})}
     if plugins:
         loaded = [name for name in child_env.get("QPID_FLOW_PLUGINS", "").split(",") if name]
         child_env["QPID_FLOW_PLUGINS"] = ",".join([*loaded, *plugins])

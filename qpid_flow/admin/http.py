@@ -626,27 +626,48 @@ _BUILTIN_RESOURCES = frozenset({"health", "destinations", "connections", "links"
 _ROUTE_METHODS = frozenset({"GET", "PUT", "POST", "DELETE"})
 
 
+def _is_param(segment: str) -> bool:
+    return segment.startswith("{") and segment.endswith("}")
+
+
+def _overlap(first: str, second: str) -> bool:
+    """Whether some path matches both route patterns (:func:`_match`: a ``{name}`` takes
+    one segment, a last one the rest)."""
+    a, b = first.split("/"), second.split("/")
+    for index in range(min(len(a), len(b))):
+        x, y = a[index], b[index]
+        if not _is_param(x) and not _is_param(y) and x != y:
+            return False
+    if len(a) == len(b):
+        return True
+    shorter = a if len(a) < len(b) else b
+    return _is_param(shorter[-1])  # its greedy last segment takes the longer one's rest
+
+
 def _checked_routes(routes: Sequence[AdminRoute]) -> list[AdminRoute]:
-    """Plugins' routes, refused at start (ValueError) when one could never be reached or
-    would shadow another: a method or path outside the rules, a built-in resource, or a
-    method and path answered twice."""
-    seen: set[tuple[str, str]] = set()
+    """Plugins' routes, refused at start (ConfigError: qpid-flow does not start, with one
+    line) when one could never be reached or could answer another's requests: a method or
+    path outside the rules, a built-in resource, a ``{name}`` as the resource, or two
+    routes with one method that some path matches both."""
+    checked: list[AdminRoute] = []
     for route in routes:
+        where = f"{route.method} {route.path}"
         parts = route.path.split("/")
         if route.method not in _ROUTE_METHODS:
-            raise ValueError(
-                f"admin route {route.method} {route.path}: the method must be one of GET, PUT, POST, DELETE"
-            )
-        if len(parts) < 3 or parts[:2] != ["", "v1"] or not parts[2] or parts[2] in _BUILTIN_RESOURCES:
-            raise ValueError(f"admin route {route.method} {route.path}: must be under /v1/, outside built-in routes")
-        if (route.method, route.path) in seen:
-            raise ValueError(f"admin route {route.method} {route.path} is declared twice")
-        seen.add((route.method, route.path))
-    return list(routes)
+            raise ConfigError("admin route", where, "the method must be one of GET, PUT, POST, DELETE")
+        if len(parts) < 3 or parts[:2] != ["", "v1"] or not parts[2] or _is_param(parts[2]):
+            raise ConfigError("admin route", where, "must be under /v1/ and name its resource (/v1/NAME/...)")
+        if parts[2] in _BUILTIN_RESOURCES:
+            raise ConfigError("admin route", where, f"/v1/{parts[2]} is a built-in route")
+        for other in checked:
+            if other.method == route.method and _overlap(other.path, route.path):
+                raise ConfigError("admin route", where, f"some paths match {other.method} {other.path} too")
+        checked.append(route)
+    return checked
 
 
 def _static(name: str) -> _Raw:
-    """A file of the dashboard (qpid_flow/dashboard), by a plain name only."""
+    """A file of the dashboard (qpid_flow/admin/dashboard), by a plain name only."""
     match = re.fullmatch(r"[a-z0-9_-]+\.(html|js|css|svg)", name)
     resource = resources.files("qpid_flow.admin") / "dashboard" / name
     if match is None or not resource.is_file():

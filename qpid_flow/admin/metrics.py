@@ -161,7 +161,7 @@ DESTINATION_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "qpid_flow_destination_messages_released",
         "counter",
-        "Deliveries released or modified (the message goes back).",
+        "Deliveries released or modified (the message goes back, unless undeliverable-here).",
         _D,
         "released",
     ),

@@ -8,6 +8,7 @@ everything fetched ahead from the broker; close every connection; stop.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import signal
@@ -28,7 +29,7 @@ from qpid_flow.amqp.linkroute import BrokerRouter
 from qpid_flow.amqp.reactor import RelayContainer
 from qpid_flow.amqp.router import Router
 from qpid_flow.amqp.upstream import GroupReader
-from qpid_flow.config import RouterConfig
+from qpid_flow.config import RouterConfig, declared_settings
 from qpid_flow.core.backend import Backend
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.registry import Destinations
@@ -53,8 +54,11 @@ class Server(Handler):
 
     def __init__(self, config: RouterConfig) -> None:
         super().__init__()
-        self.config = config
         plugins = build_plugin_manager(config.disable_plugins)
+        # The keys a runtime policy change may use are those of the plugins loaded here.
+        declared = declared_settings(s for group in plugins.hook.qpid_flow_destination_settings() for s in group)
+        config = dataclasses.replace(config, destination_settings=declared)
+        self.config = config
         # configure always goes through pluggy; tracing (QPID_FLOW_TRACE_HOOKS) is switched on
         # once, by the facade below.
         Hooks(plugins, through_pluggy=False).configure(config=config, manager=plugins)
@@ -115,12 +119,13 @@ class Server(Handler):
             self.gates.append(self._gate(host, port, self.listener_tls if scheme == "amqps" else None))
         if isinstance(self.router, BrokerRouter):
             self.router.probe = self.gates[0].probe
-        if self.admin is not None:
-            self.admin.start()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         if self.group_reader is not None:
             self.group_reader.start()
+        self.hooks.started(control=self.control)
+        if self.admin is not None:
+            self.admin.start()  # after qpid_flow_started: plugins' routes have their control
         log.info(
             "listening",
             listen=self.config.listen,
@@ -128,7 +133,6 @@ class Server(Handler):
             mode="standalone" if self.config.broker is None else "broker",
             plugins=sorted(name for name, _ in self.hooks.pm.list_name_plugin()),
         )
-        self.hooks.started(control=self.control)
         self.container.schedule(
             _HOUSEKEEPING_INTERVAL,
             _Housekeeping(self.container, self.destinations, self.config.destination_idle_timeout),

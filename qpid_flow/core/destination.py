@@ -323,17 +323,19 @@ class Destination:
     # --- settlement ---------------------------------------------------------------------
 
     def settle(self, consumer: Consumer, message: Message, settlement: Settlement) -> None:
-        """A consumer settled ``message``: it leaves (accepted, rejected) or goes back."""
+        """A consumer settled ``message``: it leaves (accepted, rejected, modified
+        undeliverable-here) or goes back (released, modified)."""
         if consumer.held.pop(message.sequence, None) is None:
             return  # already released (consumer detached) or settled twice
         self.count_settled(settlement.outcome)
-        self.queue.released(consumer, message, settlement.outcome.removes_message)
-        if settlement.outcome.removes_message or (
+        # undeliverable-here: it must not go back to this consumer (AMQP 1.0, 3.4.5); it
+        # leaves, as RabbitMQ drops it. In front of a broker, the broker is told modified
+        # and may route it elsewhere.
+        leaves = settlement.outcome.removes_message or (
             settlement.outcome is Outcome.MODIFIED and settlement.undeliverable_here
-        ):
-            # undeliverable-here: it must not go back to this consumer (AMQP 1.0, 3.4.5); it
-            # leaves, as RabbitMQ drops it. In front of a broker, the broker is told
-            # modified and may route it elsewhere.
+        )
+        self.queue.released(consumer, message, leaves)
+        if leaves:
             self._dequeue(message, consumer, settlement)
             if self.queue:
                 self.dispatch()  # settling may free a message group for others
@@ -351,7 +353,7 @@ class Destination:
         elif outcome is Outcome.REJECTED:
             self.rejected += 1
         else:
-            self.released += 1  # released or modified: it goes back
+            self.released += 1  # released or modified (back, unless undeliverable-here)
 
     def _dequeue(self, message: Message, consumer: Consumer | None, settlement: Settlement) -> None:
         if self._memory is not None:

@@ -14,13 +14,17 @@ __all__ = ["MemoryMeter"]
 
 
 class MemoryMeter:
-    __slots__ = ("held", "limit", "on_below")
+    __slots__ = ("_below_listeners", "held", "limit")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit  # 0: no limit
         self.held = 0
-        # Called once each time the held bytes fall back to the limit or below.
-        self.on_below: Callable[[], None] | None = None
+        self._below_listeners: list[Callable[[], None]] = []
+
+    def when_below(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time the held bytes fall back to the limit or below (any
+        number of plugins may listen)."""
+        self._below_listeners.append(callback)
 
     @property
     def over(self) -> bool:
@@ -32,5 +36,6 @@ class MemoryMeter:
     def sub(self, size: int) -> None:
         was_over = self.over
         self.held -= size
-        if was_over and not self.over and self.on_below is not None:
-            self.on_below()
+        if was_over and not self.over:
+            for callback in self._below_listeners:
+                callback()

@@ -511,12 +511,13 @@ def qpid_flow_message_settled(
 ) -> None:
     """Called when a consumer settled a message, or the destination let go of it.
 
-    Accepted and rejected messages have left the destination; released and modified ones
-    are back in it. A message sent to a pre-settled consumer is settled accepted as it is
-    sent. The destination lets go of a message itself when its consumer went away, at
-    shutdown and when a group lease ran out (released back), and when it drops one:
-    expired, dropped from a ring, purged, or deleted with its destination (rejected, with
-    a ``qpid-flow:`` condition such as ``qpid-flow:ring-dropped``).
+    Accepted, rejected and modified undeliverable-here messages have left the destination;
+    released and other modified ones are back in it. A message sent to a pre-settled
+    consumer is settled accepted as it is sent. The destination lets go of a message
+    itself when its consumer went away, at shutdown and when a group lease ran out
+    (released back), and when it drops one: expired, dropped from a ring, purged, or
+    deleted with its destination (rejected, with a ``qpid-flow:`` condition such as
+    ``qpid-flow:ring-dropped``).
 
     :param destination: the destination.
     :param message: the message.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -56,8 +57,9 @@ def _names_from_env(variable: str) -> list[str]:
     return [name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()]
 
 
-def build_plugin_manager(disabled: Iterable[str] = ()) -> pluggy.PluginManager:
-    """A plugin manager with every hook, the built-ins, and the installed plugins."""
+def build_plugin_manager(disabled: Iterable[str] = (), *, installed: bool = True) -> pluggy.PluginManager:
+    """A plugin manager with every hook, the built-ins, and (``installed``) the plugins of
+    the entry-point group and of ``$QPID_FLOW_PLUGINS``."""
     pm = pluggy.PluginManager("qpid_flow")
     pm.add_hookspecs(hookspecs)
     blocked = set(disabled) | set(_names_from_env("QPID_FLOW_DISABLE_PLUGINS"))
@@ -66,10 +68,11 @@ def build_plugin_manager(disabled: Iterable[str] = ()) -> pluggy.PluginManager:
     for name, module_name in BUILTIN_PLUGINS.items():
         if name not in blocked:
             pm.register(importlib.import_module(module_name).Plugin(), name=name)
-    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    for module_name in _names_from_env("QPID_FLOW_PLUGINS"):
-        if module_name not in blocked and pm.get_plugin(module_name) is None:
-            pm.register(importlib.import_module(module_name), name=module_name)
+    if installed:
+        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        for module_name in _names_from_env("QPID_FLOW_PLUGINS"):
+            if module_name not in blocked and pm.get_plugin(module_name) is None:
+                pm.register(importlib.import_module(module_name), name=module_name)
     pm.check_pending()
     return pm
 
@@ -154,7 +157,7 @@ def _guarded(caller: Any, fallback: Any, collect: bool = False) -> Callable[...,
     return through_pluggy
 
 
-def _refusable(caller: Any) -> Callable[..., None]:
+def refusable(caller: Any) -> Callable[..., None]:
     """The caller of the start-up hook whose implementations may refuse the configuration:
     a :class:`~qpid_flow.config.ConfigError` goes on to the caller (qpid-flow does not start
     and prints its one line); any other exception is logged and counted like any hook's."""
@@ -199,6 +202,7 @@ _AT_START = frozenset(
 _COLLECTED = frozenset({"qpid_flow_destination_stats"})
 
 TRACE_ENVIRONMENT = "QPID_FLOW_TRACE_HOOKS"
+_TRACED: weakref.WeakSet[pluggy.PluginManager] = weakref.WeakSet()
 
 
 class Hooks:
@@ -225,8 +229,10 @@ class Hooks:
             through_pluggy = os.environ.get(TRACE_ENVIRONMENT, "") not in ("", "0")
         self.through_pluggy = through_pluggy
         if through_pluggy:
-            pm.trace.root.setwriter(lambda message: log.debug("hook_trace", call=message.rstrip()))
-            pm.enable_tracing()
+            if pm not in _TRACED:  # once per manager, however many facades are built on it
+                _TRACED.add(pm)
+                pm.trace.root.setwriter(lambda message: log.debug("hook_trace", call=message.rstrip()))
+                pm.enable_tracing()
             return
         for name in hookspecs.hook_names():
             if name in _AT_START:
@@ -260,11 +266,12 @@ class Hooks:
 
     def destination_policy_check(self, *, config: RouterConfig, policy: DestinationPolicy, where: str) -> None:
         """Raises ConfigError when a plugin refuses ``policy``."""
-        _refusable(self.pm.hook.qpid_flow_destination_policy_check)(config=config, policy=policy, where=where)
+        refusable(self.pm.hook.qpid_flow_destination_policy_check)(config=config, policy=policy, where=where)
 
-    def configure(self, *, config: RouterConfig, manager: pluggy.PluginManager) -> None:
-        """Raises ConfigError when a plugin refuses ``config``."""
-        _refusable(self.pm.hook.qpid_flow_configure)(config=config, manager=manager)
+    def configure(self, *, config: RouterConfig, manager: pluggy.PluginManager | None = None) -> None:
+        """Raises ConfigError when a plugin refuses ``config``. ``manager``: this facade's
+        plugin manager unless given."""
+        refusable(self.pm.hook.qpid_flow_configure)(config=config, manager=manager or self.pm)
 
     def admin_routes(self) -> list[AdminRoute]:
         """Every route plugins add to the admin endpoint."""

@@ -159,6 +159,16 @@ def test_config_add_sends_nothing_it_was_not_given(
     assert ops.calls == [("add_destination", "PRICES.>", {"shared_groups": False})]
 
 
+def test_config_add_sends_any_key_with_set_as_toml_reads_it(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--set", "priority_levels=4", "--set", "x-tier=gold", "--set", "audit=true", "--set", 'limit="10 MB"']
+    code, _, err = run(capsys, "config", "add", "destination", "jobs", *args, "--admin", admin)
+    assert (code, err) == (0, "")
+    expected = {"priority_levels": 4, "x-tier": "gold", "audit": True, "limit": "10 MB"}
+    assert ops.calls == [("add_destination", "jobs", expected)]
+
+
 def test_config_add_with_a_bad_value_exits_2_with_the_routers_error(
     admin: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -74,7 +74,7 @@ def test_a_key_declared_twice_is_refused_at_start() -> None:
         def qpid_flow_destination_settings(self) -> list[DestinationSetting]:
             return [DestinationSetting("group_header", str)]
 
-    with pytest.raises(ValueError, match="'group_header' is declared twice"):
+    with pytest.raises(ConfigError, match="declared twice"):
         build_config({}, plugins=_manager(Clash()))
 
 
@@ -130,6 +130,15 @@ class _Reactor:
         return callback()
 
 
+def _none(_request: AdminRequest) -> None:
+    return None
+
+
+def _admin(routes: list[AdminRoute]) -> AdminServer:
+    """An admin endpoint with these plugin routes (not started: routes are checked at once)."""
+    return AdminServer("127.0.0.1:0", operations=cast(Any, None), run_in_reactor=_Reactor(), routes=routes)
+
+
 def _get(admin: AdminServer, path: str) -> tuple[int, Any]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{admin.port}{path}", timeout=5) as answer:
@@ -148,7 +157,7 @@ def test_a_plugin_route_answers_with_its_path_values_and_its_not_found() -> None
         return {"job": request.params["name"], "verbose": request.query.get("verbose")}
 
     route = AdminRoute("GET", "/v1/jobs/{name}", jobs, not_found="job")
-    admin = AdminServer("127.0.0.1:0", operations=None, run_in_reactor=_Reactor(), routes=[route])  # type: ignore[arg-type]
+    admin = _admin([route])
     admin.start()
     try:
         assert _get(admin, "/v1/jobs/a%2Fb?verbose=1") == (200, {"job": "a/b", "verbose": ["1"]})
@@ -162,17 +171,59 @@ def test_a_plugin_route_answers_with_its_path_values_and_its_not_found() -> None
 @pytest.mark.parametrize(
     "route",
     [
-        AdminRoute("GET", "/v1/destinations/{name}", lambda r: None),  # a built-in resource
-        AdminRoute("GET", "/metrics", lambda r: None),  # outside /v1
-        AdminRoute("PATCH", "/v1/jobs", lambda r: None),  # a method the endpoint does not route
+        AdminRoute("GET", "/v1/destinations/{name}", _none),  # a built-in resource
+        AdminRoute("GET", "/metrics", _none),  # outside /v1
+        AdminRoute("GET", "/v1/{anything}", _none),  # would answer every resource
+        AdminRoute("PATCH", "/v1/jobs", _none),  # a method the endpoint does not route
     ],
 )
 def test_a_route_that_would_shadow_or_never_be_reached_is_refused(route: AdminRoute) -> None:
-    with pytest.raises(ValueError, match="admin route"):
-        AdminServer("127.0.0.1:0", operations=None, run_in_reactor=_Reactor(), routes=[route])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        _admin([route])
+    assert caught.value.key == "admin route" and caught.value.value == f"{route.method} {route.path}"
 
 
-def test_a_route_declared_twice_is_refused() -> None:
-    route = AdminRoute("GET", "/v1/jobs", lambda r: None)
-    with pytest.raises(ValueError, match="declared twice"):
-        AdminServer("127.0.0.1:0", operations=None, run_in_reactor=_Reactor(), routes=[route, route])  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("first", "second", "refused"),
+    [
+        ("/v1/jobs", "/v1/jobs", True),
+        ("/v1/groups/{name}", "/v1/groups/{name}/stats", True),  # a last {name} takes the rest
+        ("/v1/jobs/{id}/stop", "/v1/jobs/{id}/start", False),
+        ("/v1/jobs/{id}/stop", "/v1/jobs/all/{action}", True),  # /v1/jobs/all/stop
+        ("/v1/jobs", "/v1/tasks", False),
+    ],
+)
+def test_two_routes_some_path_matches_are_refused(first: str, second: str, refused: bool) -> None:
+    routes = [AdminRoute("GET", first, _none), AdminRoute("GET", second, _none)]
+    if refused:
+        with pytest.raises(ConfigError, match="some paths match"):
+            _admin(routes)
+    else:
+        _admin(routes)
+    # Another method on the same path is another route.
+    _admin([routes[0], AdminRoute("POST", second, _none)])
+
+
+def test_a_plugin_that_breaks_a_rule_refuses_the_start_with_one_line(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "clashing_plugin.py"
+    plugin.write_text(
+        "from qpid_flow import hookimpl\n"
+        "from qpid_flow.plugin.declarations import DestinationSetting\n"
+        "@hookimpl\n"
+        "def qpid_flow_destination_settings():\n"
+        "    return [DestinationSetting('max_count', int)]\n"
+    )
+    env = {**__import__("os").environ, "QPID_FLOW_PLUGINS": "clashing_plugin", "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "qpid_flow", "serve", "--listen", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2
+    why = "destination setting = 'max_count': declared twice (by the core or another plugin)"
+    assert result.stderr.strip().splitlines() == [f"qpid-flow: configuration error: {why}"]

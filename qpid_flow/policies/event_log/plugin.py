@@ -4,7 +4,7 @@ Written when ``events = PATH`` (``qpid-flow serve --events PATH``) is set, as JS
 (``events_format = "jsonl"``, rotated by ``events_max_bytes`` / ``events_backups``) or as
 columnar segments Spark reads without parsing text (``"parquet"``). The reactor only
 appends each event's fields to columns; every ``FLUSH_EVERY`` seconds a writer thread hands
-them to a child process that formats and writes them (event_process.py, event_writers.py),
+them to a child process that formats and writes them (process.py, writers.py),
 so a kill -9 loses at most that much. The analytics pipeline
 (``qpid-flow report``) reads both formats. Off, it costs nothing: without a path this
 plugin is unregistered, and no per-message hook is called for it.
@@ -53,7 +53,7 @@ class Plugin:
 
     Per event the reactor appends each field to its column (a :class:`Batch`: a clock
     read, a counter and the fields); every ``FLUSH_EVERY`` seconds the batch goes to the
-    writer thread, which does everything else (event_writers.py)."""
+    writer thread, which does everything else (writers.py)."""
 
     def __init__(self) -> None:
         self._batch: Batch | None = None

@@ -3,7 +3,7 @@
 The reactor only appends each event's fields (see ``plugin.py``) and, every flush
 interval, hands the batch to :class:`WriterThread`, which the reactor never waits for: a
 full queue drops the batch and counts it. In the router the thread's sink is
-``event_process.ProcessSink``, which passes each batch to a child process; the child
+``process.ProcessSink``, which passes each batch to a child process; the child
 runs the sinks below, so everything that costs (formatting JSON, building Arrow columns,
 compressing, system calls) happens outside the router's process.
 

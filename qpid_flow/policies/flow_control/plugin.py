@@ -30,7 +30,7 @@ import structlog
 from qpid_flow import hookimpl
 from qpid_flow.config import (
     ConfigError,
-    build_config,
+    RouterConfig,
     parse_duration,
     parse_non_negative_int,
     parse_size,
@@ -42,7 +42,7 @@ from qpid_flow.plugin.declarations import AdminRequest, AdminRoute, DestinationS
 from qpid_flow.policies.flow_control.thresholds import FlowLimits, FlowState, FlowTransition, LimitError, flow_limits
 
 if TYPE_CHECKING:
-    from qpid_flow.config import DestinationPolicy, RouterConfig
+    from qpid_flow.config import DestinationPolicy
     from qpid_flow.core.destination import Destination
     from qpid_flow.core.model import Decision, Message, Producer, Settlement
     from qpid_flow.plugin.control import RouterControl
@@ -128,7 +128,7 @@ class Plugin:
     @hookimpl
     def qpid_flow_started(self, control: RouterControl) -> None:
         self._control = control
-        control.memory.on_below = lambda: self._wake_soon(None)
+        control.memory.when_below(lambda: self._wake_soon(None))
 
     @hookimpl
     def qpid_flow_destination_created(self, destination: Destination) -> None:
@@ -146,7 +146,7 @@ class Plugin:
 
     def _limits_for(self, destination: Destination) -> Any:
         if self._config is None:
-            self._config = build_config({})
+            self._config = RouterConfig()  # a destination made outside the router: defaults
         limits, warnings = limits_in_force(self._config, destination.policy)
         for warning in warnings:
             log.warning("flow_config_warning", address=destination.address, warning=warning)

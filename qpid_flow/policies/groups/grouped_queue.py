@@ -163,7 +163,7 @@ class GroupedQueue:
         # Whether assignments and releases are reported (out-of-order always is): with
         # 100,000 groups there are two per message, and no one may be listening.
         self._ownership_events = ownership_events and on_event is not None
-        # True when only the built-in chooser answers ``select``: with one consumer ready
+        # True when the groups plugin's chooser is asked first: with one consumer ready
         # it would name that consumer, so a free group goes to it without the call (with
         # 100,000 groups, one per message).
         self._sole_consumer_takes_free_groups = sole_consumer_takes_free_groups
