@@ -41,6 +41,7 @@ from qpid_flow.core.destination import Destination
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.registry import Destinations
 from qpid_flow.plugin.manager import BUILTIN_PLUGINS, Hooks, build_plugin_manager
+from tests.unit.faults import fail_next
 from tests.unit.proton_pairs import End, dispatch, move_bytes
 
 BROKER = BrokerAddress("amqp", "broker.test", 5672, user="app", password="secret", vhost="v1")
@@ -237,22 +238,6 @@ def content(data: Data) -> Any:
     """The value held in a terminus or disposition field (None if empty)."""
     data.rewind()
     return data.get_object() if data.next() is not None else None
-
-
-def fail_next(router: BrokerRouter, method: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Make ``router.method`` raise the next time it is called (once only); the returned list
-    names the call that failed."""
-    original: Callable[..., Any] = getattr(router, method)
-    failed: list[str] = []
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        if not failed:
-            failed.append(method)
-            raise RuntimeError(f"{method} failed")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(router, method, failing)
-    return failed
 
 
 # --- connections -------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from qpid_flow.core.registry import Destinations
 from qpid_flow.core.standalone import StandaloneBackend
 from qpid_flow.plugin.control import RouterControl
 from qpid_flow.plugin.manager import BUILTIN_PLUGINS, Hooks, build_plugin_manager
+from tests.unit.faults import fail_next
 from tests.unit.proton_pairs import End, dispatch, move_bytes
 
 # Seed 003 (Qpid C++ broker producer flow control): max 1000 messages, stop above 900,
@@ -941,21 +942,6 @@ def test_a_groups_messages_go_to_one_consumer_only_while_it_holds_some_unsettled
 
 
 # --- errors stay on their own connection -------------------------------------------------------------
-
-
-def fail_next(obj: object, method: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Make ``obj.method`` raise the next time it is called (once only)."""
-    original: Callable[..., Any] = getattr(obj, method)
-    failed: list[str] = []
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        if not failed:
-            failed.append(method)
-            raise RuntimeError(f"{method} failed")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(obj, method, failing)
-    return failed
 
 
 def assert_still_works(rig: Rig, client: Client, address: str = "invoices") -> None:
