@@ -40,30 +40,31 @@ def _destination(hooks: Hooks) -> Destination:
     return Destination("q", DestinationPolicy.of(pattern="q"), hooks)
 
 
-def test_the_snapshot_does_not_call_a_plugin_registered_after_it() -> None:
+def _register_late_and_send(through_pluggy: bool) -> tuple[Hooks, Late, Message, object]:
+    """A facade built, then a plugin registered, then a message enqueued and its transfer
+    asked about: what the late plugin heard, and the answer."""
     pm = build_plugin_manager()
-    hooks = Hooks(pm, through_pluggy=False)
+    hooks = Hooks(pm, through_pluggy=through_pluggy)
     late = Late()
     pm.register(late, name="late")
     message = Message(b"12345", "q")
     hooks.message_enqueued(destination=_destination(hooks), message=message)
     answer = hooks.transfer_arrived(producer=Producer("q"), message=message, destination=_destination(hooks))
+    return Hooks(pm), late, message, answer
+
+
+def test_the_snapshot_does_not_call_a_plugin_registered_after_it() -> None:
+    fresh, late, message, answer = _register_late_and_send(through_pluggy=False)
     assert late.enqueued == []
     assert type(answer).__name__ == "Admit"
     # A facade built now sees it.
-    assert Hooks(pm).transfer_arrived(producer=Producer("q"), message=message, destination=_destination(hooks)) == (
+    assert fresh.transfer_arrived(producer=Producer("q"), message=message, destination=_destination(fresh)) == (
         Reject("late says no")
     )
 
 
 def test_through_pluggy_a_plugin_registered_later_is_called() -> None:
-    pm = build_plugin_manager()
-    hooks = Hooks(pm, through_pluggy=True)
-    late = Late()
-    pm.register(late, name="late")
-    message = Message(b"12345", "q")
-    hooks.message_enqueued(destination=_destination(hooks), message=message)
-    answer = hooks.transfer_arrived(producer=Producer("q"), message=message, destination=_destination(hooks))
+    _, late, _, answer = _register_late_and_send(through_pluggy=True)
     assert late.enqueued == ["q"]
     assert answer == Reject("late says no")
 
