@@ -1,10 +1,12 @@
 """The benchmark's own tools still work: the minimal relay (bench/minimal_relay.py) on both
-reactors, and the C latency clients (bench/c/latency.c). A benchmark whose comparator
-fails prints "n/a" where a ratio should be, so these run with the suite."""
+reactors, the C latency clients (bench/c/latency.c), and the fresh Spark processes
+bench/report.py measures the report against. A benchmark whose comparator fails prints
+"n/a" where a ratio should be, so these run with the suite."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -91,3 +93,35 @@ def test_c_latency_clients_time_every_message(tmp_path: Path, qpid_flow_process:
     assert produced["last"] - produced["first"] >= 0.45
     latencies = consumed["latencies_ms"]
     assert len(latencies) == 500 and all(0 <= x < 5000 for x in latencies)
+
+
+@pytest.mark.parametrize("mode", ["count", "parse", "floor"])
+def test_the_report_benchmark_bars_read_every_event(tmp_path: Path, mode: str) -> None:
+    """bench/report.py's fresh-process runs beside the report: read and count, read and
+    parse, and the floor (the per-message pass and its latency table: one row per
+    destination the messages went to)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import report as report_bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from qpid_flow.analytics.synthetic import generate
+
+    logs = tmp_path / "logs"
+    expected = generate(logs, runs=2, messages=300)
+    ran = subprocess.run(
+        [sys.executable, "-c", report_bench._COUNT, "1g", "jsonl", mode, str(logs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        # No class archive there: the floor must then run without one, and record none.
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    printed = int(ran.stdout.strip().splitlines()[-1])
+    if mode == "floor":
+        assert printed == 2  # the flow-controlled destination and the grouped one
+        assert not list((tmp_path / "cache").rglob("*.jsa*"))
+    else:
+        assert printed == expected.events
