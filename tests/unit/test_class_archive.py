@@ -5,7 +5,6 @@ for the JVM: it writes its partial file once its stdin closes, as the JVM does."
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,11 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from qpid_flow.analytics.class_archive import ClassArchive, archive_name, class_archive
-
-# class_archive() names the archive after the jars of the PySpark it imports (the analytics extra).
-needs_pyspark = pytest.mark.skipif(
-    importlib.util.find_spec("pyspark") is None, reason="pyspark is not installed (the analytics extra)"
-)
+from tests.unit.extras import needs_pyspark
 
 
 def _java_and_jars(tmp_path: Path) -> tuple[Path, Path]:

@@ -3,7 +3,6 @@ the router, a child that dies is replaced, and a path it cannot write is refused
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,11 +16,7 @@ import pytest
 
 from qpid_flow.policies.event_log.process import EventLogUnavailable, ProcessSink
 from qpid_flow.policies.event_log.writers import Batch, Row, read_rows
-
-# The columnar format is written with pyarrow, which comes with the analytics extra.
-needs_pyarrow = pytest.mark.skipif(
-    importlib.util.find_spec("pyarrow") is None, reason="pyarrow is not installed (the analytics extra)"
-)
+from tests.unit.extras import needs_pyarrow
 
 
 def _rows(first: int, count: int) -> list[Row]:

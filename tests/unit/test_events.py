@@ -3,7 +3,6 @@ crash, and a writer thread that never blocks the reactor."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 from pathlib import Path
@@ -20,11 +19,7 @@ from qpid_flow.policies.event_log.writers import (
     read_rows,
     recover_segments,
 )
-
-# The columnar format is written with pyarrow, which comes with the analytics extra.
-needs_pyarrow = pytest.mark.skipif(
-    importlib.util.find_spec("pyarrow") is None, reason="pyarrow is not installed (the analytics extra)"
-)
+from tests.unit.extras import needs_pyarrow
 
 
 def _enqueue(n: int) -> Row:
