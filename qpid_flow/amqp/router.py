@@ -63,6 +63,9 @@ ANONYMOUS_RELAY = "ANONYMOUS-RELAY"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 UNAUTHORIZED = "amqp:unauthorized-access"
 _connection_ids = itertools.count(1)
+# What a transfer gets when others to its address are held (whatever a policy answered,
+# short of a rejection): it joins the end of that line.
+_BEHIND_HELD = Hold("behind the transfers held for this address")
 
 
 @contain_errors
@@ -543,12 +546,28 @@ class Router(Handler):
         )
         link.close()
 
+    def _transfer_beyond_credit(self, link: Link, delivery: LeanDelivery) -> None:
+        """A producer sent without credit: it is the credit that holds producers back (flow
+        control, the memory limit), so the link ends as AMQP 1.0 says (2.6.7, 2.8.15), and
+        the transfer, and any sent after it before the detach, is dropped unsettled."""
+        delivery.settle()
+        if link.state & Endpoint.LOCAL_CLOSED:
+            return  # ended already: the rest of what it sent before it heard
+        log.warning("transfer_beyond_credit", connection=link.connection.qf_id, link=link.name)
+        self._link_gone(link)
+        link.condition = Condition("amqp:link:transfer-limit-exceeded", "a transfer was sent with no link credit left")
+        link.close()
+
     def _on_transfer(self, link: Link, delivery: LeanDelivery, data: bytes) -> None:
         producer: Producer | None = kept(link, "qf_producer")
         if producer is None:  # every other link qpid-flow receives on is a coordinator
             self.coordinator.on_control(link, delivery, data)
             return
-        producer.credit = pn_link_credit(link._impl)
+        credit = pn_link_credit(link._impl)
+        if credit < 0:
+            self._transfer_beyond_credit(link, delivery)
+            return
+        producer.credit = credit
         producer.transfers += 1
         presettled = delivery.settled
         address = producer.address
@@ -592,6 +611,10 @@ class Router(Handler):
             message.origin = delivery
             producer.unsettled += 1
         decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
+        if self._held and destination.address in self._held and not isinstance(decision, Reject):
+            # Transfers held for this address go first, in arrival order: one that arrives
+            # between a resume and the turn that lets them go waits behind them.
+            decision = _BEHIND_HELD
         self._apply_decision(decision, destination, message)
 
     def _transaction_of(self, link: Link, delivery: LeanDelivery) -> Transaction | None:

@@ -300,8 +300,10 @@ def qpid_flow_transfer_arrived(producer: Producer, message: Message, destination
       unforwarded; the producer waits for the outcome. When the answer may have changed,
       call ``control.wake(address)``: the held transfers of the address are asked about
       again, in arrival order, until one is still held (it and those behind it stay
-      held). A held transfer whose producer went away is dropped. A pre-settled transfer
-      cannot be held back from its producer this way;
+      held). A transfer that arrives while others to its address are held joins the end
+      of that line whatever the answer (short of ``Reject``), so that no transfer
+      overtakes one held before it. A held transfer whose producer went away is dropped.
+      A pre-settled transfer cannot be held back from its producer this way;
     - :class:`~qpid_flow.core.model.Reject` (``Reject(description,
       condition="amqp:resource-limit-exceeded")``): settle it ``rejected`` with that
       error condition, forwarding nothing.

@@ -1,0 +1,156 @@
+"""Producer flow control at its edges, standalone, driven one step at a time by scripted
+clients (:mod:`.scripted`): a resume racing new transfers, destinations forgotten while
+transfers wait, transactions, several producers on one destination, limits tightened
+under producers that already hold credit."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from .harness.frames import FrameSocket, begin_frame, open_frame, sender_attach, transfer_frame
+from .harness.net import free_port
+from .harness.router import admin_request
+from .scripted import ScriptedClient, accept, numbered
+
+pytestmark = pytest.mark.integration
+
+
+class Admin:
+    """qpid-flow's admin API, as an operator's tools call it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        request = admin_request(self.address, path)
+        request.method = method
+        if body is not None:
+            request.data = json.dumps(body).encode()
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"{}")
+
+    def stat(self, name: str) -> dict[str, Any]:
+        status, record = self.call("GET", "/v1/destinations/" + quote(name, safe=""))
+        assert status == 200, (status, record)
+        return record
+
+
+@dataclass(frozen=True)
+class Standalone:
+    url: str
+    port: int
+    admin: Admin
+
+
+@pytest.fixture
+def standalone(qpid_flow_process: Any) -> Callable[[str], Standalone]:
+    """Start a standalone qpid-flow with ``config_text``, its admin API on."""
+
+    def start(config_text: str) -> Standalone:
+        admin = f"127.0.0.1:{free_port()}"
+        process = qpid_flow_process(config_text=config_text, extra_args=["--admin", admin])
+        return Standalone(process.url, process.port, Admin(admin))
+
+    return start
+
+
+@pytest.fixture
+def clients() -> Iterator[Callable[[str], ScriptedClient]]:
+    made: list[ScriptedClient] = []
+
+    def make(url: str) -> ScriptedClient:
+        client = ScriptedClient(url)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+@pytest.mark.parametrize("consumer_on_the_producers_connection", [True, False])
+def test_reject_after_keeps_a_producers_order_when_flow_resumes(
+    standalone: Any, clients: Any, consumer_on_the_producers_connection: bool
+) -> None:
+    """A resume lets the held transfers go at the next turn of the reactor. A transfer that
+    arrives in between must wait behind them, not overtake them: one link's messages reach
+    the queue in the order they were sent (ActiveMQ's sendFailIfNoSpaceAfterTimeout blocks
+    the send itself)."""
+    router = standalone('[destinations."ra"]\nflow_stop_count = 5\nflow_resume_count = 5\nreject_after = "30s"\n')
+    client = clients(router.url)
+    connection = client.connect()
+    sender = client.sender(connection, "ra")
+    receiver = client.receiver(connection if consumer_on_the_producers_connection else client.connect(), "ra")
+    sent = settled = 0
+    deadline = time.monotonic() + 25
+    # A steady consumer taking 3 at a time; the producer sending up to 7 a turn: the
+    # destination goes ON and OFF hundreds of times, each resume racing new transfers.
+    while sent < 3000 and time.monotonic() < deadline:
+        got = client.received(receiver)
+        for delivery, _ in got[settled:]:
+            accept(delivery)
+        settled = len(got)
+        for _ in range(7):
+            if sender.credit <= 0 or sent == 3000:
+                break
+            sender.send(numbered(sent))
+            sent += 1
+        if receiver.credit < 3:
+            receiver.flow(3)
+        client.container.process()
+    receiver.flow(10_000)
+
+    def settle_the_rest() -> bool:
+        nonlocal settled
+        got = client.received(receiver)
+        for delivery, _ in got[settled:]:
+            accept(delivery)
+        settled = len(got)
+        return settled == sent
+
+    client.pump(settle_the_rest, 10, "every message to arrive")
+    order = [message.properties["i"] for _, message in client.received(receiver)]
+    overtaken = [(a, b) for a, b in itertools.pairwise(order) if b < a]
+    assert router.admin.stat("ra")["flowStoppedCount"] > 10  # the race was run, many times
+    assert overtaken == []
+    assert order == list(range(sent))
+
+
+def test_a_producer_sending_beyond_its_credit_loses_its_link_not_the_threshold(standalone: Any, clients: Any) -> None:
+    """Credit is what holds producers back: a peer that sends without it (no client library
+    does; these are hand-written frames) would walk past the stop threshold and the memory
+    limit. Its link ends with amqp:link:transfer-limit-exceeded (AMQP 1.0 2.6.7), what it
+    sent beyond its credit is not taken, and other clients carry on."""
+    router = standalone('[destinations."orders"]\nmax_count = 1000\nflow_stop_count = 10\nflow_resume_count = 5\n')
+    peer = FrameSocket(router.port)
+    peer.send(open_frame(), begin_frame(), sender_attach("greedy", 0, "orders"))
+    assert peer.read_until(lambda: bool(peer.named("flow")))
+    credit = peer.named("flow")[0].fields[6]
+    assert credit == 11  # stop + 1: the transfer that crosses the threshold is the last one
+    peer.send(*[transfer_frame(0, n, n) for n in range(300)])
+    assert peer.read_until(lambda: bool(peer.named("detach")))
+    detach = peer.named("detach")[0]
+    assert detach.condition() == "amqp:link:transfer-limit-exceeded"
+    record = router.admin.stat("orders")
+    assert record["depth"] == 11 and record["enqueued"] == 11
+    # The connection is still open, and another producer's messages still go in.
+    assert not peer.closed_by_peer and not peer.named("close")
+    client = clients(router.url)
+    receiver = client.receiver(client.connect(), "orders", credit=20)
+    client.pump(lambda: len(client.received(receiver)) == 11, 10, "the 11 admitted messages")
+    assert [message.body for _, message in client.received(receiver)] == list(range(11))
+    peer.close()
