@@ -245,7 +245,7 @@ class BrokerRouter(Router):
             upstream.desired_capabilities = SymbolList(desired) if desired else None
             # Each side asks for the keep-alive the other asked for, so a silent client is
             # dropped when the broker would drop it, and the broker hears from us as often.
-            upstream.transport.idle_timeout = conn.transport.remote_idle_timeout
+            upstream.transport.idle_timeout = _asking_for(conn.transport.remote_idle_timeout)
             upstream.open()
             return
         if pair not in self.pairs:
@@ -268,7 +268,7 @@ class BrokerRouter(Router):
             offered.append(ANONYMOUS_RELAY)
         client.offered_capabilities = SymbolList(offered)
         client.desired_capabilities = _symbols(conn.remote_desired_capabilities)
-        client.transport.idle_timeout = conn.transport.remote_idle_timeout
+        client.transport.idle_timeout = _asking_for(conn.transport.remote_idle_timeout)
         client.open()
         self.connections.add(client)
         client.qf_opened = time.time()
@@ -1026,6 +1026,13 @@ def _close(endpoint: Any, condition: Condition | None) -> None:
     if condition is not None:
         endpoint.condition = condition
     endpoint.close()
+
+
+def _asking_for(idle_timeout: float) -> float:
+    """The local idle timeout that makes Proton's open frame say ``idle_timeout``: Proton
+    advertises half of its own (and drops a peer silent for the whole of it), so copying
+    the other side's value as it is would halve it at every hop."""
+    return 2 * idle_timeout
 
 
 def _relayable(properties: Any) -> Any:

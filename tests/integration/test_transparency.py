@@ -20,6 +20,7 @@ names are kept.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -27,10 +28,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import pytest
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
 
 from .harness.blocking_clients import unique_address
 from .harness.broker import Broker
 from .harness.cexamples import ProtonCExamples
+from .harness.net import free_port
 from .harness.router import StartRouter
 from .harness.scenario import (
     WAIT,
@@ -49,6 +53,7 @@ from .harness.scenario import (
     run_rhea,
     subscription_queues,
 )
+from .harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -705,3 +710,74 @@ def test_rhea_client(both: Both) -> None:
     # Credit is what qpid-flow owns (its producer window, not the broker's grant).
     assert direct["sent"].pop("first_credit") > 0 and through["sent"].pop("first_credit") > 0
     assert through == direct
+
+
+# --- the open frame's idle timeout ----------------------------------------------------------
+
+
+def idle_timeout_seen(target: Target) -> float:
+    """The idle-time-out of the open frame the client gets back (RabbitMQ's heartbeat)."""
+    with Peer(target.url) as p:
+        return float(p.call(lambda: p._conn.transport.remote_idle_timeout))
+
+
+def test_the_client_is_told_the_brokers_idle_timeout(both: Both) -> None:
+    """The client's open is answered with the broker's idle-time-out, not half of it: Proton
+    advertises half of the local value, so qpid-flow asks for twice what the broker said."""
+    direct, through = both(idle_timeout_seen)
+    assert direct == 60.0  # RabbitMQ 3.10's default heartbeat
+    assert through == direct
+
+
+class _OpenRecorder(MessagingHandler):
+    """A Proton listener standing in for a broker: it records each open's idle-time-out
+    (RabbitMQ does not show what a client asked for)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__()
+        self.port = port
+        self.asked: dict[str, float] = {}
+        self.listening = threading.Event()
+
+    def on_start(self, event: Any) -> None:
+        self.acceptor = event.container.listen(f"127.0.0.1:{self.port}")
+        self.listening.set()
+
+    def on_connection_opened(self, event: Any) -> None:
+        connection = event.connection
+        self.asked[connection.remote_container] = connection.transport.remote_idle_timeout
+
+
+class _Opener(MessagingHandler):
+    def __init__(self, url: str, heartbeat: float) -> None:
+        super().__init__()
+        self.url, self.heartbeat = url, heartbeat
+
+    def on_start(self, event: Any) -> None:
+        event.container.connect(self.url, heartbeat=self.heartbeat, reconnect=False, allowed_mechs="ANONYMOUS")
+
+    def on_connection_opened(self, event: Any) -> None:
+        event.connection.close()
+
+
+def test_the_broker_is_told_the_clients_idle_timeout(qpid_flow_process: StartRouter) -> None:
+    """The other way: the broker gets the idle-time-out the client asked for, as it would
+    directly (a Proton listener plays the broker and records it)."""
+    listener = _OpenRecorder(free_port())
+    broker = Container(listener)
+    broker.allow_insecure_mechs = True
+    thread = threading.Thread(target=broker.run, daemon=True)
+    thread.start()
+    try:
+        assert listener.listening.wait(5)
+        router = qpid_flow_process(broker_url=f"amqp://127.0.0.1:{listener.port}")
+        for name, url in (("direct", f"amqp://127.0.0.1:{listener.port}"), ("through", router.url)):
+            client = Container(_Opener(url, heartbeat=40.0))
+            client.container_id = name
+            client.run()
+        assert wait_until(lambda: {"direct", "through"} <= set(listener.asked), 10)
+        assert listener.asked["direct"] == 20.0  # Proton's client advertises half its heartbeat
+        assert listener.asked["through"] == listener.asked["direct"]
+    finally:
+        broker.stop()
+        thread.join(5)
