@@ -437,6 +437,7 @@ class Router(Handler):
                     and destination.address not in self._dynamic_targets
                 ):
                     self.destinations.delete(destination)
+                    self._destination_gone(destination.address)
             log.debug("consumer_detached", link=consumer.id, address=consumer.address)
 
     def _delete_dynamic_target(self, destination: Destination) -> None:
@@ -452,6 +453,7 @@ class Router(Handler):
                     )
                     link.close()
         self.destinations.delete(destination)
+        self._destination_gone(destination.address)
 
     def on_link_flow(self, event: Event) -> None:
         link = event.link
@@ -710,12 +712,21 @@ class Router(Handler):
             if address is None or producer.address in (None, address):
                 self._grant(producer, link)
 
+    def waits_on(self, address: str) -> bool:
+        """Whether transfers are held for ``address`` or settlements wait on it: its
+        destination must not be forgotten meanwhile, or they would wait for good."""
+        return address in self._held or address in self._delayed
+
     def recheck_held(self, address: str) -> None:
-        """Ask the policies again about every transfer held or delayed for ``address``."""
-        self._recheck_delayed(address)
-        held = self._held.pop(address, None)
+        """Ask the policies again about every transfer held or delayed for ``address``.
+        If its destination is gone, nothing is left to ask: see :meth:`_destination_gone`."""
         destination = self.destinations.find(address)
-        if not held or destination is None:
+        if destination is None:
+            self._destination_gone(address)
+            return
+        self._recheck_delayed(destination)
+        held = self._held.pop(address, None)
+        if not held:
             return
         for index, message in enumerate(held):
             producer_entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
@@ -730,10 +741,28 @@ class Router(Handler):
             self.memory.sub(message.size)
             self._apply_decision(decision, destination, message)
 
-    def _recheck_delayed(self, address: str) -> None:
+    def _destination_gone(self, address: str) -> None:
+        """A destination was deleted with transfers held for it or settlements waiting on
+        it (a temporary queue whose last consumer left): the delayed settlements are given
+        (their messages were taken), the held transfers released (never taken: their
+        producers may send them again)."""
+        for message, settlement in self._delayed.pop(address, ()):
+            if message.producer_id in self._producers:
+                self._settle_producer(message, settlement)
+        for message in self._held.pop(address, ()):
+            self.memory.sub(message.size)
+            if message.txn is not None:
+                message.txn.undecided -= 1
+                message.txn.failure = f"{address!r} was deleted before flow control admitted a transfer to it"
+                self.coordinator.try_commit(message.txn)
+                message.txn = None
+            if message.producer_id in self._producers:
+                self._settle_producer(message, Settlement.released())
+
+    def _recheck_delayed(self, destination: Destination) -> None:
+        address = destination.address
         delayed = self._delayed.pop(address, None)
-        destination = self.destinations.find(address)
-        if not delayed or destination is None:
+        if not delayed:
             return
         still: list[tuple[Message, Settlement]] = []
         for message, settlement in delayed:

@@ -135,7 +135,9 @@ class Server(Handler):
         )
         self.container.schedule(
             _HOUSEKEEPING_INTERVAL,
-            _Housekeeping(self.container, self.destinations, self.config.destination_idle_timeout),
+            _Housekeeping(
+                self.container, self.destinations, self.config.destination_idle_timeout, self.router.waits_on
+            ),
         )
         self.destinations.create_configured()
         # What start-up built (modules, plugins, configuration) lives as long as the
@@ -237,17 +239,20 @@ class _Housekeeping(Handler):
     can resume producers even with no consumer; standalone only, a broker expires its
     own), and auto-created destinations unused for ``idle_timeout`` are forgotten."""
 
-    def __init__(self, container: Container, destinations: Destinations, idle_timeout: float) -> None:
+    def __init__(
+        self, container: Container, destinations: Destinations, idle_timeout: float, busy: Callable[[str], bool]
+    ) -> None:
         super().__init__()
         self._container = container
         self._destinations = destinations
         self._idle_timeout = idle_timeout
+        self._busy = busy  # the router still has transfers or settlements waiting on an address
 
     def on_timer_task(self, _event: Any) -> None:
         now = time.time()
         self._destinations.expire(now)
         if self._idle_timeout:
-            self._destinations.forget_idle(time.monotonic(), self._idle_timeout)
+            self._destinations.forget_idle(time.monotonic(), self._idle_timeout, self._busy)
         self._container.schedule(_HOUSEKEEPING_INTERVAL, self)
 
 

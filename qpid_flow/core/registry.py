@@ -8,7 +8,7 @@ picks the change up at once.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from qpid_flow.config import DestinationPolicy, RouterConfig, is_pattern, pattern_matches, resolve_policy
@@ -71,13 +71,15 @@ class Destinations:
         self._hooks.destination_deleted(destination=destination)
         return dropped
 
-    def forget_idle(self, now: float, idle_timeout: float) -> int:
+    def forget_idle(self, now: float, idle_timeout: float, busy: Callable[[str], bool] = lambda _address: False) -> int:
         """Delete auto-created destinations unused (no producer, consumer or message) for
         ``idle_timeout`` seconds: one-off names must not pile up. Destinations named in
-        the configuration stay. Returns how many went."""
+        the configuration stay, and so do those ``busy(address)`` says the router still
+        has work for (transfers held for them, settlements waiting on them). Returns how
+        many went."""
         forgotten = 0
         for destination in list(self._by_address.values()):
-            if not destination.unused or destination.address in self.policies:
+            if not destination.unused or destination.address in self.policies or busy(destination.address):
                 destination.idle_since = None
             elif destination.idle_since is None:
                 destination.idle_since = now

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from proton import Delivery
 
 from .harness.frames import FrameSocket, begin_frame, open_frame, sender_attach, transfer_frame
 from .harness.net import free_port
@@ -154,3 +155,46 @@ def test_a_producer_sending_beyond_its_credit_loses_its_link_not_the_threshold(s
     client.pump(lambda: len(client.received(receiver)) == 11, 10, "the 11 admitted messages")
     assert [message.body for _, message in client.received(receiver)] == list(range(11))
     peer.close()
+
+
+def test_a_destination_with_a_transfer_held_for_it_is_not_forgotten(standalone: Any, clients: Any) -> None:
+    """An anonymous-relay transfer held for a destination whose producers an operator
+    stopped: the destination has no producer link, consumer or message of its own, but it
+    must outlive destination_idle_timeout, or the transfer would wait for good instead of
+    being rejected when reject_after passes (seed 002)."""
+    router = standalone('destination_idle_timeout = "1s"\n[destinations."x.>"]\nreject_after = "4s"\n')
+    status, _ = router.admin.call("POST", "/v1/producers/stop", {"pattern": "x.a"})
+    assert status == 200
+    client = clients(router.url)
+    sender = client.sender(client.connect(), None)
+    started = time.monotonic()
+    delivery = sender.send(numbered(0, to="x.a"))
+    client.pump(None, 0.5)
+    assert router.admin.stat("x.a")["transfersHeld"] == 1
+    client.pump(lambda: delivery.remote_state != 0, 10, "the held transfer's outcome")
+    assert delivery.remote_state == Delivery.REJECTED
+    assert time.monotonic() - started >= 3.9  # at reject_after, not before
+
+
+def test_a_destination_with_a_settlement_waiting_on_it_is_not_forgotten(standalone: Any, clients: Any) -> None:
+    """An anonymous-relay transfer to a stopped destination is enqueued with its settlement
+    delayed; a consumer takes it and leaves. The destination is then empty and has no
+    link, but the producer's accepted still waits on it: after destination_idle_timeout
+    and more, starting the producers again must still settle it."""
+    router = standalone('destination_idle_timeout = "1s"\n')
+    router.admin.call("POST", "/v1/producers/stop", {"pattern": "y"})
+    client = clients(router.url)
+    sender = client.sender(client.connect(), None)
+    delivery = sender.send(numbered(0, to="y"))
+    client.pump(None, 0.5)
+    assert router.admin.stat("y")["producersBlocked"] == 1
+    receiver = client.receiver(client.connect(), "y", credit=1)
+    client.pump(lambda: len(client.received(receiver)) == 1, 5, "the message")
+    accept(client.received(receiver)[0][0])
+    receiver.close()
+    client.pump(None, 3.5)  # three housekeeping turns past the idle timeout
+    assert delivery.remote_state == 0
+    assert router.admin.call("GET", "/v1/destinations/y")[0] == 200
+    router.admin.call("POST", "/v1/producers/start", {"pattern": "y"})
+    client.pump(lambda: delivery.remote_state != 0, 5, "the delayed settlement")
+    assert delivery.remote_state == Delivery.ACCEPTED

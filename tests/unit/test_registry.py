@@ -51,6 +51,21 @@ def test_unused_auto_created_destinations_are_forgotten_after_the_timeout() -> N
     assert destinations.forget_idle(now=360.0, idle_timeout=60) == 1
 
 
+def test_a_destination_the_router_still_has_work_for_is_not_forgotten() -> None:
+    """Transfers held for an address, or settlements waiting on it, keep its destination
+    (the router says which: ``busy``), however long it has been otherwise unused."""
+    destinations = registry()
+    held_for, free = destinations.get("held-for"), destinations.get("free")
+    assert held_for is not None and free is not None
+    waiting_on = {"held-for"}
+    destinations.forget_idle(now=0.0, idle_timeout=1, busy=waiting_on.__contains__)
+    assert destinations.forget_idle(now=5.0, idle_timeout=1, busy=waiting_on.__contains__) == 1
+    assert [d.address for d in destinations] == ["configured", "held-for"]
+    waiting_on.clear()  # the transfer was settled: the clock starts now
+    assert destinations.forget_idle(now=6.0, idle_timeout=1, busy=waiting_on.__contains__) == 0
+    assert destinations.forget_idle(now=7.0, idle_timeout=1, busy=waiting_on.__contains__) == 1
+
+
 def test_memory_stays_flat_under_a_stream_of_one_off_names() -> None:
     """Issue 16: 100,000 reply addresses used once each must not stay for the life of the process."""
     destinations = registry()
