@@ -107,6 +107,7 @@ class Coordinator:
             _answer(delivery, Delivery.REJECTED, condition=Condition(ROLLBACK, f"rolled back: {refusal}"))
             return
         self.transactions.end(txn)
+        txn.unstage()
         touched: dict[int, Destination] = {}
         for destination, message in txn.transfers:
             router.memory.sub(message.size)
@@ -130,10 +131,15 @@ class Coordinator:
         client had already settled goes back to the queue; the rest stays out to its
         consumer, for the client to settle again)."""
         self.transactions.end(txn)
+        txn.unstage()
         router = self.router
         router.drop_held_in(txn)
         for _, message in txn.transfers:
             router.memory.sub(message.size)
+        # The room the staged transfers took is free again: whoever waits for credit there
+        # (the transaction's own producer, if it stays) may have it.
+        for address in {destination.address for destination, _ in txn.transfers}:
+            router.grant_all(address)
         for staged in txn.outcomes.values():
             if staged.delivery is None:  # the client settled it: it comes back to the queue
                 destination = router.destinations.find(staged.consumer.address)

@@ -102,6 +102,10 @@ class Destination:
         self.temporary = False  # made for a dynamic source: deleted with its link
         self.idle_since: float | None = None  # when it was last found unused (forgetting)
         self.largest_message = 0  # for estimating how many more messages fit in bytes
+        # Transfers admitted in open transactions, enqueued at their commit: not in the
+        # depth yet, but flow control must not grant credit as if they were not coming.
+        self.staged_count = 0
+        self.staged_bytes = 0
         # In front of a broker: forwarded, and the broker has not given its outcome yet.
         self.in_flight = 0
         # In front of a broker: credit the shared upstream receiver has outstanding (what

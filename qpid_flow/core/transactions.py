@@ -129,6 +129,15 @@ class Transaction:
 
     def stage_transfer(self, destination: Destination, message: Message) -> None:
         self.transfers.append((destination, message))
+        destination.staged_count += 1
+        destination.staged_bytes += message.size
+
+    def unstage(self) -> None:
+        """The transfers leave the transaction (enqueued at the commit, or dropped at the
+        rollback): their destinations stop counting them as staged."""
+        for destination, message in self.transfers:
+            destination.staged_count -= 1
+            destination.staged_bytes -= message.size
 
     def stage_outcome(self, consumer: Consumer, message: Message, settlement: Settlement, delivery: Any) -> None:
         self.outcomes[consumer.id, message.sequence] = StagedOutcome(consumer, message, settlement, delivery)

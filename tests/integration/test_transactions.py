@@ -202,6 +202,36 @@ def test_transactional_sends_appear_at_commit_only(router_with_admin: tuple[Rout
     assert drain(router, "tx.commit", 10) == [f"tx-{n}" for n in range(1, 11)]
 
 
+@pytest.mark.parametrize("commit", [True, False])
+def test_staged_transfers_count_against_the_flow_control_headroom(qpid_flow_process: StartRouter, commit: bool) -> None:
+    """stop 10: a transactional producer gets credit for stop + 1 = 11 transfers, staged ones
+    included (the commit puts them on the destination, credit or not), so the 11th leaves it
+    none until its transaction ends, as a plain producer's 11th would. Committed: depth 11
+    and flow ON. Rolled back: the room is back for the next producer."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='[destinations."txf"]\nflow_stop_count = 10\nflow_resume_count = 5\n', extra_args=["--admin", admin]
+    )
+    seen: dict[str, Any] = {}
+    client = TxClient(router.url, "txf", send=11, commit=commit)
+    client.before_discharge = lambda: seen.update(credit=client.sender.credit, **stats(admin, "txf"))
+    client.run()
+    assert client.result == ("committed" if commit else "aborted")
+    assert seen["credit"] == 0 and seen["depth"] == 0
+    after = stats(admin, "txf")
+    if commit:
+        assert after["depth"] == 11 and after["flowStopped"]
+    else:
+        assert after["depth"] == 0 and not after["flowStopped"]
+        connection = BlockingConnection(router.url, timeout=10)
+        try:
+            sender = connection.create_sender("txf")
+            connection.wait(lambda: sender.link.credit >= 11, timeout=5, msg="the headroom's credit")
+            assert sender.link.credit == 11
+        finally:
+            connection.close()
+
+
 def test_rolled_back_sends_are_dropped(router_with_admin: tuple[RouterProcess, str]) -> None:
     router, admin = router_with_admin
     client = TxClient(router.url, "tx.abort", send=5, commit=False).run()

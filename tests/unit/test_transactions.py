@@ -70,6 +70,19 @@ def test_a_commit_is_refused_when_it_would_overfill_a_destination() -> None:
     assert ring_txn.commit_refusal(lambda d: True) is None  # a ring makes room
 
 
+def test_a_destination_counts_what_open_transactions_staged_for_it() -> None:
+    """Flow control reads these: staged transfers will land at the commit, credit or not."""
+    first, second = _destination("a"), _destination("b")
+    txn = Transactions().declare("c1", None)
+    txn.stage_transfer(first, Message(b"x" * 10, "a"))
+    txn.stage_transfer(first, Message(b"y" * 5, "a"))
+    txn.stage_transfer(second, Message(b"z", "b"))
+    assert (first.staged_count, first.staged_bytes, second.staged_count) == (2, 15, 1)
+    assert first.depth == 0  # not enqueued before the commit
+    txn.unstage()
+    assert (first.staged_count, first.staged_bytes, second.staged_count, second.staged_bytes) == (0, 0, 0, 0)
+
+
 def test_a_commit_is_refused_when_a_destination_was_deleted() -> None:
     destination = _destination("gone")
     txn = Transactions().declare("c1", None)

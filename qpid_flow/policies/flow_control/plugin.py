@@ -268,7 +268,11 @@ class Plugin:
         # then pass the stop size once, by at most that first window; every later grant
         # is sized by the largest message seen.
         message_size = destination.largest_message or max(1, limits.stop_size // (self._window + 1))
-        headroom = entry.state.headroom(destination.depth, destination.bytes, message_size)
+        # What open transactions staged for it counts as if enqueued: their commit will put
+        # it there, credit or not (the transactional producer then waits for its commit).
+        headroom = entry.state.headroom(
+            destination.depth + destination.staged_count, destination.bytes + destination.staged_bytes, message_size
+        )
         if headroom is None:
             return need
         outstanding = sum(p.credit for p in destination.producers)
