@@ -14,6 +14,7 @@ import argparse
 import getpass
 import http.client
 import json
+import math
 import os
 import sys
 import tomllib
@@ -131,8 +132,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # a plugin refused its settings
         print(f"qpid-flow: configuration error: {exc}", file=sys.stderr)
         return 2
+    from qpid_flow.admin.http import AdminListenError
+
     try:
         server.run()
+    except AdminListenError as exc:
+        print(f"qpid-flow: cannot listen on admin = {exc.listen}: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"qpid-flow: cannot listen on {config.listen}: {exc}", file=sys.stderr)
         return 1
@@ -163,7 +169,7 @@ def _positive_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if value <= 0:
+    if not 0 < value < math.inf:  # also refuses nan
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
 
@@ -281,6 +287,10 @@ def _client_config(path: str) -> dict[str, str]:
         raise _ClientError(_EXIT_REFUSED, f"configuration error: --config = {path!r}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise _ClientError(_EXIT_REFUSED, f"configuration error: --config = {path!r}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise _ClientError(
+            _EXIT_REFUSED, f"configuration error: --config = {path!r}: not valid TOML: TOML files are UTF-8"
+        ) from None
     found: dict[str, str] = {}
     token = data.get("admin_token")
     if token is not None:

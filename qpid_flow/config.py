@@ -13,6 +13,7 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,37 +55,52 @@ _SIZE_UNITS = {
 }  # fmt: skip
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)\s*$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")  # no unit: seconds
+# AMQP sizes are ulong (max-message-size), and Proton keeps durations (idle time-out,
+# timers) in 32-bit milliseconds: larger values would fail later, on every connection.
+MAX_SIZE = 2**64 - 1
+MAX_DURATION = (2**32 - 1) // 1000  # 4,294,967 s, about 49 days
 
 
 def parse_size(value: Any, key: str = "size") -> int:
     """Bytes from an integer or a string such as ``"10 MB"`` / ``"512 KB"`` (binary units)."""
     if isinstance(value, bool):
         raise ConfigError(key, value, "must be a byte count or a size such as '10 MB'")
+    size: int | None = None
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(key, value, "must not be negative")
-        return value
-    if isinstance(value, str):
+        size = value
+    elif isinstance(value, str):
         match = _SIZE_RE.match(value)
         if match and match.group(2).lower() in _SIZE_UNITS:
-            return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-    raise ConfigError(key, value, "must be a byte count or a size such as '10 MB' or '512 KB'")
+            # Decimal, not float: a long number is not infinity, and 0.5 KB is exact.
+            size = int(Decimal(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    if size is None:
+        raise ConfigError(key, value, "must be a byte count or a size such as '10 MB' or '512 KB'")
+    if size > MAX_SIZE:
+        raise ConfigError(key, value, f"must be at most {MAX_SIZE} bytes (2^64 - 1)")
+    return size
 
 
 def parse_duration(value: Any, key: str = "duration") -> float:
     """Seconds from a number or a string such as ``"30s"``, ``"500ms"``, ``"2m"``."""
     if isinstance(value, bool):
         raise ConfigError(key, value, "must be a duration such as '30s' or '500ms'")
+    seconds: float | None = None
     if isinstance(value, int | float):
         if value < 0:
             raise ConfigError(key, value, "must not be negative")
-        return float(value)
-    if isinstance(value, str):
+        seconds = float(value)  # nan and inf are refused below (not finite, not <= the cap)
+    elif isinstance(value, str):
         match = _DURATION_RE.match(value)
         if match:
-            return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    raise ConfigError(key, value, "must be a duration such as '30s', '500ms' or '2m'")
+            seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+    if seconds is None:
+        raise ConfigError(key, value, "must be a duration such as '30s', '500ms' or '2m'")
+    if not seconds <= MAX_DURATION:  # also false for nan
+        raise ConfigError(key, value, f"must be at most {MAX_DURATION} s (about 49 days)")
+    return seconds
 
 
 def parse_non_negative_int(value: Any, key: str) -> int:
@@ -237,7 +253,7 @@ def _acl(value: Any, key: str) -> tuple[AclEntry, ...]:
         for direction in ("send", "receive"):
             listed = _string_list(table.get(direction, []), f"{where}.{direction}")
             for pattern in listed:
-                _check_pattern(pattern, f"{where}.{direction}")
+                check_pattern(pattern, f"{where}.{direction}")
             patterns[direction] = tuple(listed)
         action = _one_of("allow", "deny")(table.get("action", "allow"), f"{where}.action")
         entries.append(AclEntry(user, patterns["send"], patterns["receive"], action == "allow"))
@@ -324,7 +340,7 @@ def parse_destination(
     declared = declared or {}
     if not isinstance(table, dict):
         raise ConfigError(where, table, "must be a table of settings")
-    _check_pattern(pattern, where)
+    check_pattern(pattern, where)
     values: dict[str, Any] = {}
     settings: dict[str, Any] = {}
     for key, raw in table.items():
@@ -340,7 +356,8 @@ def parse_destination(
     return DestinationPolicy(pattern=pattern, **values, settings=settings)
 
 
-def _check_pattern(pattern: str, where: str) -> None:
+def check_pattern(pattern: str, where: str) -> None:
+    """A ConfigError naming ``where`` unless ``pattern`` is a name or an ActiveMQ pattern."""
     segments = pattern.split(".")
     if not pattern or any(s == "" for s in segments):
         raise ConfigError(where, pattern, "a destination name or pattern needs non-empty '.'-separated segments")
@@ -687,6 +704,10 @@ def load_config(
             raise ConfigError("--config", str(path), "file not found") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("--config", str(path), f"not valid TOML: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError("--config", str(path), "not valid TOML: TOML files are UTF-8") from exc
+        except OSError as exc:  # a directory, no permission, ...
+            raise ConfigError("--config", str(path), f"cannot be read: {exc.strerror or exc}") from exc
     merged: dict[str, Any] = {}
     for variable, key in ENVIRONMENT_KEYS.items():
         if environ and environ.get(variable):

@@ -230,6 +230,11 @@ def bind_transport(
 ) -> Connection:
     """A Proton connection over ``stream``'s socket (or, for TLS, a tunnel to it), SASL done,
     as Proton's own acceptor builds one."""
+    # Set up before the socket changes hands: a failure here leaves it with ``stream``,
+    # whose close still closes it.
+    transport = Transport(mode)
+    if idle_timeout:
+        transport.idle_timeout = idle_timeout
     if stream.tls is None:
         stream.release()
         sock = stream.sock
@@ -242,9 +247,6 @@ def bind_transport(
     # Proton's I/O handler leaves a connection with an acceptor alone (it has its socket).
     connection._acceptor = True
     connection.url = url
-    transport = Transport(mode)
-    if idle_timeout:
-        transport.idle_timeout = idle_timeout
     transport.bind(connection)
     selectable = container.selectable(delegate=sock)
     selectable._transport = transport

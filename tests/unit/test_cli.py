@@ -245,6 +245,24 @@ def test_a_bad_admin_address_is_a_usage_error(capsys: pytest.CaptureFixture[str]
     assert "HOST:PORT" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("timeout", ["nan", "inf", "0", "-1", "soon"])
+def test_a_timeout_must_be_a_positive_finite_number(capsys: pytest.CaptureFixture[str], timeout: str) -> None:
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["stat", "--timeout", timeout])
+    assert caught.value.code == 2
+    assert "is not a positive number of seconds" in capsys.readouterr().err
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "qpid-flow.toml"
+    config.write_bytes(b'admin = "127.0.0.1:8673" # caf\xe9\n')
+    code, _, err = run(capsys, "stat", "--config", str(config))
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"qpid-flow: configuration error: --config = {str(config)!r}: not valid TOML: TOML files are UTF-8"
+    ]
+
+
 def test_serve_admin_overrides_the_config_key(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

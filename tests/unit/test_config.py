@@ -26,6 +26,20 @@ def test_the_producer_window_is_larger_in_front_of_a_broker_unless_set(tmp_path:
     assert build_config({"producer_window": 500}).producer_window == 500
 
 
+@pytest.mark.parametrize("content", [b"listen = '127.0.0.1:5673' # caf\xe9\n", None])
+def test_a_config_file_that_cannot_be_read_is_refused_in_one_line(tmp_path: Path, content: bytes | None) -> None:
+    """Not UTF-8 (TOML's rule), or a folder: the --config key and why, no traceback."""
+    path = tmp_path / "qpid-flow.toml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.key == "--config"
+    assert ("UTF-8" if content else "cannot be read") in str(caught.value)
+
+
 def test_command_line_overrides_the_file(tmp_path: Path) -> None:
     path = tmp_path / "qpid-flow.toml"
     path.write_text('listen = "0.0.0.0:6000"\nbroker = "amqp://guest:guest@127.0.0.1:5672"\n')
@@ -42,7 +56,9 @@ def test_sizes(text: object, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize(("text", "expected"), [("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), (3, 3.0)])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), (3, 3.0), ("0", 0.0), ("1.5", 1.5)]
+)
 def test_durations(text: object, expected: float) -> None:
     assert parse_duration(text) == expected
 
@@ -62,6 +78,14 @@ def test_durations(text: object, expected: float) -> None:
         ({"destinations": {"orders": {"max_cuont": 1}}}, 'destinations."orders".max_cuont', "unknown key"),
         ({"destinations": {"a.>.b": {}}}, 'destinations."a.>.b"', "last segment"),
         ({"log_level": "loud"}, "log_level", "one of"),
+        # Values that would pass a type check and fail later, on every connection or at
+        # the first attach: refused at start.
+        ({"idle_timeout": float("nan")}, "idle_timeout", "at most 4294967 s"),
+        ({"idle_timeout": float("inf")}, "idle_timeout", "at most 4294967 s"),
+        ({"idle_timeout": "1200h"}, "idle_timeout", "at most 4294967 s"),
+        ({"destinations": {"d": {"reject_after": float("nan")}}}, 'destinations."d".reject_after', "at most"),
+        ({"max_message_size": 2**64}, "max_message_size", "at most 18446744073709551615 bytes"),
+        ({"default_max_size": "9" * 400}, "default_max_size", "at most"),
     ],
 )
 def test_bad_values_name_the_key_and_the_rule(data: dict, key: str, rule: str) -> None:
