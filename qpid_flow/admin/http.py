@@ -53,6 +53,7 @@ import json
 import re
 import socket
 import socketserver
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +210,14 @@ class _HTTPServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         self.admin = admin
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback to stderr: a client hanging up mid-request is
+        # nothing to report, and anything else goes to the log as one JSON record.
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            return
+        log.warning("admin_http_error", client=client_address[0] if client_address else None, exc_info=error)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host's FQDN (a reverse DNS lookup that can
@@ -685,18 +694,34 @@ def _names_loopback(host: str) -> bool:
     return name is not None and is_loopback(name)
 
 
+def _not_json(constant: str) -> Any:
+    """Python's json module reads NaN and Infinity, which JSON does not have (and which
+    would then be written back into answers no strict parser reads)."""
+    raise ValueError(f"{constant} is not a JSON value")
+
+
 def _json_object(body: bytes, what: str, *, empty_ok: bool) -> dict[str, Any]:
     if not body.strip():
         if empty_ok:
             return {}
         raise _Reply(HTTPStatus.BAD_REQUEST, {"error": f"the request body must be a JSON object: {what}"})
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_constant=_not_json)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _Reply(HTTPStatus.BAD_REQUEST, {"error": f"the request body is not valid JSON: {exc}"}) from exc
+    except (ValueError, RecursionError) as exc:  # NaN / Infinity, or nested past Python's stack
         raise _Reply(HTTPStatus.BAD_REQUEST, {"error": f"the request body is not valid JSON: {exc}"}) from exc
     if not isinstance(value, dict):
         raise _Reply(HTTPStatus.BAD_REQUEST, {"error": f"the request body must be a JSON object: {what}"})
     return value
+
+
+class AdminListenError(OSError):
+    """The admin endpoint's address cannot be bound (``admin`` names it, not ``listen``)."""
+
+    def __init__(self, listen: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.listen = listen
 
 
 class AdminServer:
@@ -752,7 +777,10 @@ class AdminServer:
         if self._httpd is not None:
             return
         host, port = split_host_port(self.listen)
-        self._httpd = _HTTPServer((host, port), self)
+        try:
+            self._httpd = _HTTPServer((host, port), self)
+        except OSError as exc:
+            raise AdminListenError(self.listen, exc) from exc
         self.stopping = False
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,

@@ -216,6 +216,23 @@ def test_bad_configuration_refuses_to_start_with_one_line(tmp_path) -> None:
     assert 'destinations."orders".max_count' in lines[0] and "non-negative" in lines[0]
 
 
+def test_an_admin_address_that_cannot_be_bound_is_named_as_the_admin_one(tmp_path) -> None:
+    """The AMQP port is free, the admin one taken: the one line names ``admin``."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        admin = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = subprocess.run(
+            [sys.executable, "-m", "qpid_flow", "serve", "--listen", f"127.0.0.1:{free_port()}", "--admin", admin],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.strip().splitlines() if not line.startswith("{")]
+    assert errors == [f"qpid-flow: cannot listen on admin = {admin}: [Errno 98] Address already in use"]
+
+
 # --- in front of a broker only ---------------------------------------------------------
 
 

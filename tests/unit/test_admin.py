@@ -249,7 +249,18 @@ def test_put_with_a_bad_value_is_400_naming_the_key(server: AdminServer) -> None
     }
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe", b"[1, 2]", b'"max_count"'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'"max_count"',
+        b'{"reject_after": NaN}',  # Python reads these; JSON has no such values
+        b'{"group_lease": Infinity}',
+        b"[" * 100_000,  # deeper than Python's stack
+    ],
+)
 def test_put_with_a_body_that_is_not_a_json_object_is_400(server: AdminServer, ops: FakeOperations, raw: bytes) -> None:
     status, body = call(server, "PUT", "/v1/destinations/orders", raw=raw)
     assert status == 400

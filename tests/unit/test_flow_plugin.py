@@ -6,10 +6,13 @@ import functools
 import operator
 from typing import TYPE_CHECKING, Any, cast
 
-from qpid_flow.config import build_config
+import pytest
+
+from qpid_flow.config import ConfigError, build_config
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.core.registry import Destinations
+from qpid_flow.plugin.declarations import AdminRequest
 from qpid_flow.plugin.manager import Hooks, build_plugin_manager
 from qpid_flow.policies.flow_control.plugin import Plugin as FlowPlugin
 
@@ -231,3 +234,16 @@ def test_groups_can_be_switched_on_at_runtime_keeping_the_waiting_messages() -> 
     registry.set_policy("carts", DestinationPolicy.of(pattern="carts", shared_groups=True, group_header="JMSXGroupID"))
     assert isinstance(carts.queue, GroupedQueue) and len(carts.queue) == 3
     assert carts.stats()["groupHeader"] == "JMSXGroupID"
+
+
+def test_the_producers_route_checks_the_pattern_as_the_configuration_does() -> None:
+    """POST /v1/producers/stop {"pattern": "a.>.b"}: refused (400 naming ``pattern``), as
+    the same pattern in a configuration file is; nothing is stopped."""
+    flow = FlowPlugin()
+    stop = next(route for route in flow.qpid_flow_admin_routes() if route.path == "/v1/producers/stop")
+    with pytest.raises(ConfigError) as caught:
+        stop.handler(AdminRequest(params={}, body={"pattern": "a.>.b"}))
+    assert caught.value.key == "pattern" and "last segment" in str(caught.value)
+    assert flow.stopped_patterns == []
+    stop.handler(AdminRequest(params={}, body={"pattern": "orders.>"}))
+    assert flow.stopped_patterns == ["orders.>"]

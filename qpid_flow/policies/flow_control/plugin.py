@@ -31,6 +31,7 @@ from qpid_flow import hookimpl
 from qpid_flow.config import (
     ConfigError,
     RouterConfig,
+    check_pattern,
     parse_duration,
     parse_non_negative_int,
     parse_size,
@@ -366,6 +367,7 @@ class Plugin:
     def _producers_route(self, action: str, request: AdminRequest) -> dict[str, Any]:
         """POST /v1/producers/{stop,start} {"pattern": ...}: what ``qpid-flow producers`` sends."""
         pattern = required_string(request.body, "pattern")
+        check_pattern(pattern, "pattern")  # as the configuration's destination patterns are
         if action == "stop":
             self.stop_producers(pattern)
         else:
