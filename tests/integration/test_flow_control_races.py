@@ -198,3 +198,36 @@ def test_a_destination_with_a_settlement_waiting_on_it_is_not_forgotten(standalo
     router.admin.call("POST", "/v1/producers/start", {"pattern": "y"})
     client.pump(lambda: delivery.remote_state != 0, 5, "the delayed settlement")
     assert delivery.remote_state == Delivery.ACCEPTED
+
+
+@pytest.mark.parametrize(("stop", "resume"), [(10, 5), (100, 50)])
+def test_two_producers_on_a_flow_controlled_destination_both_get_through(
+    standalone: Any, clients: Any, stop: int, resume: int
+) -> None:
+    """Two flooding producers and a steady consumer: flow turns ON and OFF all along, and
+    each turn the credit is shared. Before, the producer whose settlement asked first took
+    the whole headroom every time: 13,903-18,883 messages against 0."""
+    router = standalone(f'[destinations."fair"]\nflow_stop_count = {stop}\nflow_resume_count = {resume}\n')
+    client = clients(router.url)
+    senders = [client.sender(client.connect(), "fair") for _ in range(2)]
+    receiver = client.receiver(client.connect(), "fair")
+    sent = [0, 0]
+    settled = 0
+    started = time.monotonic()
+    while time.monotonic() - started < 5:
+        for index, sender in enumerate(senders):
+            while sender.credit > 0:
+                sender.send(numbered(sent[index], producer=index))
+                sent[index] += 1
+        got = client.received(receiver)
+        for delivery, _ in got[settled:]:
+            accept(delivery)
+        settled = len(got)
+        if receiver.credit < 2:
+            receiver.flow(max(1, stop // 5))
+        client.container.process()
+    through = [0, 0]
+    for _, message in client.received(receiver):
+        through[message.properties["producer"]] += 1
+    assert router.admin.stat("fair")["flowStoppedCount"] > 5
+    assert min(through) > 0.2 * max(through), through

@@ -198,10 +198,12 @@ def test_with_a_size_threshold_and_no_size_seen_yet_the_first_grant_is_a_full_wi
 def test_a_producer_leaving_wakes_those_that_went_short() -> None:
     hooks, registry, control, _ = setup({"destinations": {"q": {"flow_stop_count": 1, "flow_resume_count": 1}}})
     destination = existing(registry, "q")
-    first, second = attach(registry, "q"), attach(registry, "q")
+    first, second, third = attach(registry, "q"), attach(registry, "q"), attach(registry, "q")
     first.credit = hooks.producer_credit(producer=first, destination=destination) or 0
-    assert first.credit == 2  # room for the one that crosses the threshold, too
-    assert hooks.producer_credit(producer=second, destination=destination) == 0
+    second.credit = hooks.producer_credit(producer=second, destination=destination) or 0
+    # Room for 2 (the one that crosses the threshold, too), shared: the third goes short.
+    assert (first.credit, second.credit) == (1, 1)
+    assert hooks.producer_credit(producer=third, destination=destination) == 0
     destination.producers.discard(first)
     hooks.producer_detached(producer=first, destination=destination)
     assert control.timers, "the producer that went short is asked again"
@@ -247,3 +249,28 @@ def test_the_producers_route_checks_the_pattern_as_the_configuration_does() -> N
     assert flow.stopped_patterns == []
     stop.handler(AdminRequest(params={}, body={"pattern": "orders.>"}))
     assert flow.stopped_patterns == ["orders.>"]
+
+
+def test_producers_of_one_destination_share_its_headroom() -> None:
+    """Two producers, stop 10 (headroom 11): whichever asks first gets its share (6), not
+    all of it, and the other is left the rest; the total never passes the headroom."""
+    hooks, registry, _, _ = setup({"destinations": {"fair": {"flow_stop_count": 10, "flow_resume_count": 5}}})
+    fair = existing(registry, "fair")
+    a, b = attach(registry, "fair"), attach(registry, "fair")
+    a.credit = hooks.producer_credit(producer=a, destination=fair) or 0
+    b.credit = hooks.producer_credit(producer=b, destination=fair) or 0
+    assert (a.credit, b.credit) == (6, 5)
+    # a used its credit (6 in the depth); asked again first, it still leaves b's share alone.
+    fill(registry, "fair", 6)
+    a.credit = 0
+    assert hooks.producer_credit(producer=a, destination=fair) == 0  # 11 - 6 = 5 left, all b's
+    b.credit = 0  # b sent its 5 too: depth 11, flow ON
+    fill(registry, "fair", 5)
+    assert hooks.producer_credit(producer=b, destination=fair) == 0
+
+
+def test_a_lone_producer_gets_the_whole_headroom() -> None:
+    hooks, registry, _, _ = setup({"destinations": {"solo": {"flow_stop_count": 10, "flow_resume_count": 5}}})
+    solo = existing(registry, "solo")
+    producer = attach(registry, "solo")
+    assert hooks.producer_credit(producer=producer, destination=solo) == 11

@@ -276,8 +276,14 @@ class Plugin:
         )
         if headroom is None:
             return need
-        outstanding = sum(p.credit for p in destination.producers)
-        grant = min(need, headroom - outstanding)
+        producers = destination.producers
+        outstanding = sum(p.credit for p in producers)
+        # No producer holds more than its share of the headroom: the one whose settlement
+        # asks first would otherwise take it all, every time, and the others none (seen:
+        # 18,883 messages against 0). The rest goes to the others when they are asked
+        # (a short grant marks the destination starved: all are asked again soon).
+        share = -(-headroom // max(1, len(producers)))
+        grant = min(need, headroom - outstanding, share - producer.credit)
         if grant < need:
             entry.starved = True
         return max(0, grant)
