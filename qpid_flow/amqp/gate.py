@@ -25,7 +25,7 @@ from __future__ import annotations
 import errno
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -41,6 +41,7 @@ from qpid_flow.security.sasl import (
     OUTCOME_SYS_TEMP,
     SASL_HEADER,
     ClientHandshake,
+    MechanismsReader,
     ServerHandshake,
 )
 from qpid_flow.security.tls import TlsChannel
@@ -62,7 +63,11 @@ ClientOpened = Callable[["Connection", str, tuple[str, int]], None]
 # answered, the client's (host, port) and identity.
 PairOpened = Callable[["Connection", "Connection", "BrokerAddress", tuple[str, int], str], None]
 
-BROKER_MECHANISMS = ("PLAIN", "ANONYMOUS")  # what can be replayed to a broker unchanged
+# Offered to clients in front of a broker until the broker's own list is known.
+BROKER_MECHANISMS = ("PLAIN", "ANONYMOUS")
+# What a broker may offer that qpid-flow replays unchanged (one sasl-init, whose identity
+# it can read for its ACLs): clients are offered these, in the broker's order.
+REPLAYABLE_MECHANISMS = frozenset({"PLAIN", "ANONYMOUS", "AMQPLAIN"})
 _BACKLOG = 1024  # Proton's listener uses 10: a burst of connecting clients would be refused
 
 
@@ -124,6 +129,22 @@ class Gate:
         self._listener.update()
         self.handshakes: set[_Handshake] = set()
         self._probes: dict[BrokerAddress, list[Callable[[bool], None]]] = {}
+        # In front of a broker, clients are offered the broker's mechanisms in its order, so
+        # that a client chooses as it would there (Proton's client, given RabbitMQ's
+        # "ANONYMOUS AMQPLAIN PLAIN", signs in ANONYMOUS even with a user in its URL).
+        # Learnt now, and again from every broker handshake.
+        self.broker_mechanisms: tuple[str, ...] = BROKER_MECHANISMS
+        if self._brokers:
+            offered = read_broker_mechanisms(self._brokers, self._broker_tls)
+            if offered:
+                self.broker_offered(offered)
+
+    def broker_offered(self, offered: Sequence[str]) -> None:
+        """A broker's sasl-mechanisms: offer clients what of it can be replayed, in its order."""
+        replayable = tuple(name for name in offered if name in REPLAYABLE_MECHANISMS)
+        if replayable and replayable != self.broker_mechanisms:
+            log.info("broker_mechanisms", offered=list(offered), relayed=list(replayable))
+            self.broker_mechanisms = replayable
 
     def probe(self, broker: BrokerAddress, on_result: Callable[[bool], None], timeout: float = 2.0) -> None:
         """Find out whether ``broker`` accepts connections now; ``on_result(True or False)``.
@@ -242,7 +263,7 @@ class _Handshake:
         if tls is not None:
             self.certificate_name = tls.peer_name()
         if self.gate._sign_in is None:
-            mechanisms: tuple[str, ...] = BROKER_MECHANISMS
+            mechanisms: tuple[str, ...] = self.gate.broker_mechanisms
         else:
             mechanisms = self.gate._sign_in.mechanisms(self.certificate_name)
         if not mechanisms:
@@ -417,6 +438,8 @@ class _Handshake:
             self._connect_next()
             return
         sasl.receive(data)
+        if sasl.offered:
+            self.gate.broker_offered(sasl.offered)
         upstream.send(sasl.data_to_send())
         if sasl.error is not None:
             log.warning("broker_handshake_failed", remote=self._remote, reason=sasl.error)
@@ -515,3 +538,32 @@ class _Probe:
             self._selectable.terminate()
             self._selectable.update()  # closes the socket
         self._gate._probed(self._broker, reachable)
+
+
+def read_broker_mechanisms(
+    brokers: Sequence[BrokerAddress], tls: ssl.SSLContext | None, timeout: float = 2.0
+) -> tuple[str, ...] | None:
+    """The SASL mechanisms the first broker that answers offers (a header, and its
+    sasl-mechanisms frame read back), or None if none answers within ``timeout`` each.
+    Blocking: run once, at start."""
+    for broker in brokers:
+        reader = MechanismsReader()
+        try:
+            with socket.create_connection((broker.host, broker.port), timeout=timeout) as raw:
+                sock = raw
+                if broker.scheme == "amqps":
+                    if tls is None:
+                        continue
+                    sock = tls.wrap_socket(raw, server_hostname=broker.host)
+                sock.sendall(reader.data_to_send())
+                while reader.offered is None and reader.error is None:
+                    data = sock.recv(4096)
+                    if not data:
+                        break
+                    reader.receive(data)
+        except OSError as exc:
+            log.info("broker_mechanisms_unknown", broker=broker.redacted, error=str(exc))
+            continue
+        if reader.offered is not None:
+            return reader.offered
+    return None

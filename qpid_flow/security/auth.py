@@ -61,11 +61,41 @@ def parse_plain(response: bytes | None) -> tuple[str, str, str] | None:
     return authzid, authcid, password
 
 
+def parse_amqplain_login(response: bytes | None) -> str | None:
+    """The LOGIN of RabbitMQ's AMQPLAIN initial response (an AMQP 0-9-1 field table's
+    entries: short-string name, type ``S``, long string); None if it has none or is malformed."""
+    data = response or b""
+    at = 0
+    try:
+        while at < len(data):
+            size = data[at]
+            name = data[at + 1 : at + 1 + size]
+            at += 1 + size
+            if data[at : at + 1] != b"S":
+                return None
+            length = int.from_bytes(data[at + 1 : at + 5], "big")
+            value = data[at + 5 : at + 5 + length]
+            if len(value) != length:
+                return None
+            at += 5 + length
+            if name == b"LOGIN":
+                return value.decode("utf-8") or None
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return None
+
+
 def claimed_user(init: SaslInit | None) -> str:
-    """Who a client says it is in a sasl-init relayed to a broker (PLAIN's authcid): the
-    broker checks the password; qpid-flow's ACLs then apply to that name."""
-    credentials = None if init is None or init.mechanism != "PLAIN" else parse_plain(init.initial_response)
-    return ANONYMOUS_USER if credentials is None else credentials[1]
+    """Who a client says it is in a sasl-init relayed to a broker (PLAIN's authcid,
+    AMQPLAIN's LOGIN): the broker checks the password; qpid-flow's ACLs then apply to that
+    name."""
+    user: str | None = None
+    if init is not None and init.mechanism == "PLAIN":
+        credentials = parse_plain(init.initial_response)
+        user = None if credentials is None else credentials[1]
+    elif init is not None and init.mechanism == "AMQPLAIN":
+        user = parse_amqplain_login(init.initial_response)
+    return ANONYMOUS_USER if user is None else user
 
 
 class Authenticator:

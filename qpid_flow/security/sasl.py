@@ -28,6 +28,7 @@ __all__ = [
     "OUTCOME_SYS_TEMP",
     "SASL_HEADER",
     "ClientHandshake",
+    "MechanismsReader",
     "SaslInit",
     "ServerHandshake",
 ]
@@ -276,6 +277,37 @@ class _Handshake:
         raise NotImplementedError
 
 
+def _offered(fields: list[Value]) -> tuple[str, ...]:
+    """The mechanism names of a sasl-mechanisms frame, in the order offered."""
+    offered = fields[0] if fields else None
+    if isinstance(offered, _Symbol):  # a multiple field may hold a single value
+        offered = (offered,)
+    if not isinstance(offered, tuple):
+        raise _ProtocolError("sasl-mechanisms does not list symbols")
+    return tuple(str(name) for name in offered)
+
+
+class MechanismsReader(_Handshake):
+    """Reads a SASL server's header and its sasl-mechanisms frame, and nothing more: what a
+    broker offers, learnt before a client asks (qpid-flow offers its clients the same)."""
+
+    def __init__(self) -> None:
+        super().__init__(65536)
+        self.offered: tuple[str, ...] | None = None
+        self._outgoing = SASL_HEADER
+
+    def _on_header(self, header: bytes) -> bool:
+        if header != SASL_HEADER:
+            raise _ProtocolError(f"the broker answered with protocol header {header!r}, not SASL's")
+        return True
+
+    def _on_frame(self, performative: int, fields: list[Value]) -> None:
+        if performative != _MECHANISMS:
+            raise _ProtocolError(f"the broker sent {_NAMES.get(performative, performative)} first")
+        self.offered = _offered(fields)
+        self._stopped = True
+
+
 class ServerHandshake(_Handshake):
     """The client-facing end: qpid-flow is the SASL server."""
 
@@ -373,12 +405,7 @@ class ClientHandshake(_Handshake):
     def _on_frame(self, performative: int, fields: list[Value]) -> None:
         assert self._init is not None  # no frames are read without an init
         if performative == _MECHANISMS and not self._init_sent:
-            offered = fields[0]
-            if isinstance(offered, _Symbol):  # a multiple field may hold a single value
-                offered = (offered,)
-            if not isinstance(offered, tuple):
-                raise _ProtocolError("sasl-mechanisms does not list symbols")
-            self.offered = tuple(str(name) for name in offered)
+            self.offered = _offered(fields)
             if self._init.mechanism not in self.offered:
                 offered_text = _clip(list(self.offered))
                 raise _ProtocolError(f"the broker does not offer {self._init.mechanism}; it offers {offered_text}")

@@ -20,6 +20,7 @@ names are kept.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -30,6 +31,9 @@ from typing import Any, Protocol, TypeVar
 import pytest
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
+from proton.utils import BlockingConnection
+
+from qpid_flow.security.sasl import MechanismsReader
 
 from .harness.blocking_clients import unique_address
 from .harness.broker import Broker
@@ -781,3 +785,47 @@ def test_the_broker_is_told_the_clients_idle_timeout(qpid_flow_process: StartRou
     finally:
         broker.stop()
         thread.join(5)
+
+
+# --- the SASL mechanisms offered --------------------------------------------------------------
+
+
+def mechanisms_offered(target: Target) -> list[str]:
+    """The sasl-mechanisms a client is offered (read off the wire)."""
+    reader = MechanismsReader()
+    with socket.create_connection((target.host, target.port), timeout=10) as sock:
+        sock.sendall(reader.data_to_send())
+        while reader.offered is None and reader.error is None:
+            data = sock.recv(4096)
+            if not data:
+                break
+            reader.receive(data)
+    assert reader.error is None, reader.error
+    return list(reader.offered or ())
+
+
+def test_the_client_is_offered_the_brokers_mechanisms_in_its_order(both: Both) -> None:
+    """A client picks its mechanism from the list and its order: offered another list, a
+    client may sign in as someone else than it would at the broker (see below)."""
+    direct, through = both(mechanisms_offered)
+    assert direct == ["ANONYMOUS", "AMQPLAIN", "PLAIN"]  # RabbitMQ 3.10 with its defaults
+    assert through == direct
+
+
+def stock_client_with_credentials(target: Target) -> str:
+    """Proton's BlockingConnection, a user and password in its URL, no mechanism chosen:
+    against RabbitMQ's list it signs in ANONYMOUS (Proton looks for PLAIN, finds it inside
+    AMQPLAIN, refuses that match and stops looking), as RabbitMQ's anonymous user, so a
+    user RabbitMQ does not know still gets in."""
+    try:
+        connection = BlockingConnection(target.url_as("nobody-here", "pw"), timeout=10)
+    except Exception as exc:
+        return f"refused: {type(exc).__name__}"
+    connection.close()
+    return "opened"
+
+
+def test_a_stock_client_signs_in_as_it_would_at_the_broker(both: Both) -> None:
+    direct, through = both(stock_client_with_credentials)
+    assert direct == "opened"
+    assert through == direct

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qpid_flow.config import ConfigError
-from qpid_flow.security.auth import Authenticator, claimed_user, parse_plain
+from qpid_flow.security.auth import Authenticator, claimed_user, parse_amqplain_login, parse_plain
 from qpid_flow.security.sasl import SaslInit
 
 
@@ -137,3 +137,22 @@ def test_plain_parsing_and_the_identity_relayed_to_a_broker() -> None:
     assert claimed_user(plain("guest", "guest")) == "guest"
     assert claimed_user(SaslInit("ANONYMOUS", None, None)) == "anonymous"
     assert claimed_user(None) == "anonymous"
+
+
+def amqplain(**entries: str) -> bytes:
+    """RabbitMQ's AMQPLAIN response: field-table entries, each a short-string name, ``S``
+    and a long string."""
+    out = b""
+    for name, value in entries.items():
+        data = value.encode()
+        out += bytes([len(name)]) + name.encode() + b"S" + len(data).to_bytes(4, "big") + data
+    return out
+
+
+def test_amqplain_relays_its_login_as_the_identity() -> None:
+    assert parse_amqplain_login(amqplain(LOGIN="alice", PASSWORD="pw")) == "alice"
+    assert parse_amqplain_login(amqplain(PASSWORD="pw", LOGIN="bob")) == "bob"
+    assert claimed_user(SaslInit("AMQPLAIN", amqplain(LOGIN="alice", PASSWORD="pw"), None)) == "alice"
+    for bad in (None, b"", b"\x05LOG", amqplain(PASSWORD="pw"), b"\x05LOGINX", b"\x05LOGINS\x00\x00\x00\x09ab"):
+        assert parse_amqplain_login(bad) is None
+        assert claimed_user(SaslInit("AMQPLAIN", bad, None)) == "anonymous"

@@ -19,6 +19,7 @@ from qpid_flow.security.sasl import (
     OUTCOME_OK,
     SASL_HEADER,
     ClientHandshake,
+    MechanismsReader,
     SaslInit,
     ServerHandshake,
 )
@@ -280,6 +281,21 @@ def test_a_mechanism_the_broker_does_not_offer() -> None:
     pump(transport, client)
     assert client.error is not None and "ANONYMOUS" in client.error
     assert client.offered == ("ANONYMOUS",) and not client.done
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_mechanisms_a_server_offers_are_read_in_its_order(split: bool) -> None:
+    """What qpid-flow learns from a broker before any client asks (it offers clients the same)."""
+    server = ServerHandshake(["ANONYMOUS", "AMQPLAIN", "PLAIN"])
+    reader = MechanismsReader()
+    server.receive(reader.data_to_send())
+    answer = server.data_to_send()
+    for piece in [answer[i : i + 1] for i in range(len(answer))] if split else [answer]:
+        reader.receive(piece)
+    assert reader.error is None and reader.offered == ("ANONYMOUS", "AMQPLAIN", "PLAIN")
+    wrong = MechanismsReader()
+    wrong.receive(AMQP_HEADER)
+    assert wrong.error is not None and wrong.offered is None
 
 
 def test_an_init_with_every_field_is_accepted_by_a_proton_server() -> None:
