@@ -231,3 +231,65 @@ def test_two_producers_on_a_flow_controlled_destination_both_get_through(
         through[message.properties["producer"]] += 1
     assert router.admin.stat("fair")["flowStoppedCount"] > 5
     assert min(through) > 0.2 * max(through), through
+
+
+def _send_while_credit(sender: Any, count: int, start: int = 0) -> list[Delivery]:
+    deliveries = []
+    for index in range(start, start + count):
+        if sender.credit <= 0:
+            break
+        deliveries.append(sender.send(numbered(index)))
+    return deliveries
+
+
+def test_limits_tightened_under_a_producer_holding_credit_still_bound_the_depth(standalone: Any, clients: Any) -> None:
+    """A producer attached under stop 1000 holds a window of credit; the policy changes to
+    stop 10 at runtime. Credit cannot be taken back, so what it sends past stop + 1 waits,
+    unforwarded and unsettled, and goes in, in order, as consumers make room (seed 004:
+    policies change at runtime; the peak stays stop + 1)."""
+    router = standalone('[destinations."t1"]\nflow_stop_count = 1000\nflow_resume_count = 900\n')
+    client = clients(router.url)
+    sender = client.sender(client.connect(), "t1")
+    window = int(sender.credit)
+    assert window >= 50
+    status, _ = router.admin.call("PUT", "/v1/destinations/t1", {"flow_stop_count": 10, "flow_resume_count": 5})
+    assert status == 200
+    deliveries = _send_while_credit(sender, window)
+    client.pump(None, 1.0)
+    record = router.admin.stat("t1")
+    assert (record["depth"], record["transfersHeld"]) == (11, window - 11)
+    assert sum(1 for d in deliveries if d.remote_state == Delivery.ACCEPTED) == 11
+    receiver = client.receiver(client.connect(), "t1", credit=window)
+    settled = 0
+
+    def all_through() -> bool:
+        nonlocal settled
+        got = client.received(receiver)
+        for delivery, _ in got[settled:]:
+            accept(delivery)
+        settled = len(got)
+        return settled == window
+
+    client.pump(all_through, 15, "every held transfer to go in")
+    assert [message.properties["i"] for _, message in client.received(receiver)] == list(range(window))
+    client.pump(lambda: all(d.remote_state == Delivery.ACCEPTED for d in deliveries), 5, "every outcome")
+
+
+def test_an_operator_stop_holds_what_a_producer_sends_on_credit_it_already_had(standalone: Any, clients: Any) -> None:
+    """producers stop after the producer got its credit: nothing it sends goes in until
+    producers start; then everything does, in order."""
+    router = standalone('[destinations."t2"]\nmax_count = 100000\n')
+    client = clients(router.url)
+    sender = client.sender(client.connect(), "t2")
+    assert router.admin.call("POST", "/v1/producers/stop", {"pattern": "t2"})[0] == 200
+    deliveries = _send_while_credit(sender, 50)
+    assert len(deliveries) == 50
+    client.pump(None, 1.0)
+    record = router.admin.stat("t2")
+    assert (record["depth"], record["transfersHeld"]) == (0, 50)
+    assert not any(d.remote_state for d in deliveries)
+    assert router.admin.call("POST", "/v1/producers/start", {"pattern": "t2"})[0] == 200
+    client.pump(lambda: all(d.remote_state == Delivery.ACCEPTED for d in deliveries), 10, "the held transfers")
+    receiver = client.receiver(client.connect(), "t2", credit=50)
+    client.pump(lambda: len(client.received(receiver)) == 50, 10, "the messages")
+    assert [message.properties["i"] for _, message in client.received(receiver)] == list(range(50))

@@ -274,3 +274,25 @@ def test_a_lone_producer_gets_the_whole_headroom() -> None:
     solo = existing(registry, "solo")
     producer = attach(registry, "solo")
     assert hooks.producer_credit(producer=producer, destination=solo) == 11
+
+
+def test_a_named_link_sending_past_the_bound_on_old_credit_is_held() -> None:
+    """Credit granted before a tightening (or an operator stop) cannot be taken back: what
+    a named link sends past stop + 1 is held; an anonymous-relay transfer is not (its
+    settlement waits instead), and nothing is held while there is room (the pass-through policy admits)."""
+    hooks, registry, _, flow = setup({"destinations": {"q": {"flow_stop_count": 10, "flow_resume_count": 5}}})
+    queue = existing(registry, "q")
+    named, anonymous = attach(registry, "q"), attach(registry, None)
+
+    def decision(producer: Producer) -> Any:
+        return hooks.transfer_arrived(producer=producer, message=Message(b"m", "q"), destination=queue)
+
+    fill(registry, "q", 10)
+    assert not isinstance(decision(named), Hold)  # the 11th crosses the threshold: the last one admitted
+    fill(registry, "q", 1)
+    assert isinstance(decision(named), Hold)
+    assert not isinstance(decision(anonymous), Hold)
+    queue.purge()
+    assert not isinstance(decision(named), Hold)
+    flow.stop_producers("q")
+    assert isinstance(decision(named), Hold)

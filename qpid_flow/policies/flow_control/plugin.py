@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 STATE_KEY = "flow"
+_OPERATOR_HOLD = Hold("producers stopped by an operator")
+_PAST_THE_STOP = Hold("past the stop threshold: waits for flow to resume")
 # Reactor timers may fire a little before the deadline by our clock: close enough is due.
 _TIMER_SLACK = 0.005
 
@@ -289,13 +291,15 @@ class Plugin:
         return max(0, grant)
 
     @hookimpl
-    def qpid_flow_transfer_arrived(self, message: Message, destination: Destination) -> Decision | None:
+    def qpid_flow_transfer_arrived(
+        self, producer: Producer, message: Message, destination: Destination
+    ) -> Decision | None:
         policy = destination.policy
         if policy.when_full == "reject":
             return Reject(self._full(destination)) if self._blocked(destination) else None
         reject_after = policy.settings.get("reject_after")
         if reject_after is None:
-            return None
+            return self._past_the_bound(producer, destination) if policy.when_full == "flow" else None
         entry = self._entry(destination)
         if not self._blocked(destination):
             entry.deadlines.pop(message.sequence, None)
@@ -308,6 +312,21 @@ class Plugin:
             return Reject(f"{self._full(destination)}; waited {reject_after:g}s")
         self._wake_at(destination, entry, remaining)
         return Hold("flow stopped")
+
+    def _past_the_bound(self, producer: Producer, destination: Destination) -> Decision | None:
+        """Credit a named-target link was given before its limits tightened or an operator
+        stopped it cannot be taken back (AMQP credit only grows from the receiver's side):
+        what it sends past the bound (the stop threshold plus the crossing transfer, or
+        nothing while stopped by an operator) waits, unforwarded and unsettled, until it
+        is OFF again. Anonymous-relay transfers are held back by their settlement instead."""
+        if producer.address is None:
+            return None
+        if self._stopped_patterns and self.stopped_by_operator(destination.address):
+            return _OPERATOR_HOLD
+        stop_count = self._entry(destination).state.limits.stop_count
+        if stop_count and destination.depth + destination.staged_count > stop_count:
+            return _PAST_THE_STOP
+        return None
 
     def _wake_at(self, destination: Destination, entry: _Entry, delay: float) -> None:
         """Re-ask about held transfers after ``delay``; one timer per destination, the earliest."""
