@@ -311,8 +311,8 @@ def qpid_flow_transfer_arrived(producer: Producer, message: Message, destination
     The built-in answer is ``Admit()`` (the pass-through policy); flow control answers
     ``Reject`` or ``Hold`` for a stopped destination whose ``limit_policy`` is ``reject``
     or that has ``reject_after``, and ``Hold`` for a named-target link's transfer past
-    stop + 1 or while an operator stopped its producers (credit it held from before). If a plugin raises, the transfer is rejected with
-    ``amqp:internal-error``.
+    stop + 1 or while an operator stopped its producers (credit it held from before). If
+    a plugin raises, the transfer is rejected with ``amqp:internal-error``.
 
     :param producer: the link the transfer came on.
     :param message: the message; ``message.address`` is where it goes.
