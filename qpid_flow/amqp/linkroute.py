@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from cproton import PN_RELEASED, pn_link_credit
-from proton import Array, Condition, Endpoint, Link, SymbolList, Terminus
+from proton import Array, Condition, Endpoint, Handler, Link, SymbolList, Terminus
 
 from qpid_flow import codec
 from qpid_flow.amqp.endpoints import (
@@ -77,7 +77,7 @@ _PROBE = "probe"  # an upstream receiver that only checks a grouped consumer's r
 class _Pair:
     """A client connection and its upstream mirror."""
 
-    __slots__ = ("broker", "client", "id", "peer", "upstream")
+    __slots__ = ("broker", "client", "closing", "id", "lingering", "peer", "upstream")
 
     def __init__(self, client: Connection, upstream: Connection, broker: BrokerAddress, peer: tuple[str, int]):
         self.id = f"c{next(_connection_ids)}"
@@ -85,19 +85,29 @@ class _Pair:
         self.upstream = upstream
         self.broker = broker
         self.peer = peer
+        # Relay senders still sending what the client sent before it left (see
+        # BrokerRouter._producer_route_gone); the upstream connection closes after them,
+        # with ``closing`` (the client's close condition, in a tuple once it is due).
+        self.lingering: set[_UpstreamSender] = set()
+        self.closing: tuple[Condition | None] | None = None
 
 
 _NODE_CACHE_SIZE = 4096
+# How long an upstream connection stays open after its client left, for the transfers the
+# client sent that wait for their anonymous-relay sender's credit.
+_LINGER = 5.0
+_SENDING = Endpoint.LOCAL_ACTIVE | Endpoint.LOCAL_UNINIT  # opened or opening, not closed
 
 
 class _UpstreamSender:
     """An upstream sender that carries a producer's transfers, and what waits for it."""
 
-    __slots__ = ("address", "destination", "in_flight", "link", "pending")
+    __slots__ = ("address", "destination", "in_flight", "lingering_for", "link", "pending")
 
     def __init__(self, link: Link, address: str) -> None:
         self.link = link
         self.address = address
+        self.lingering_for: _Pair | None = None  # its client left: it sends what waits, then detaches
         self.pending: deque[tuple[Message, OutcomeCallback]] = deque()
         # Sent and waiting for the broker's outcome, by C delivery (see endpoints.py).
         self.in_flight: dict[Any, tuple[Message, OutcomeCallback, LeanDelivery]] = {}
@@ -289,7 +299,7 @@ class BrokerRouter(Router):
             return
         if conn == pair.client:
             self._client_gone(pair)
-            _close(pair.upstream, None)
+            self._close_upstream(pair, None, event.container)
         elif not pair.client.state & Endpoint.LOCAL_CLOSED:
             self._close_client(pair, conn.condition, "closed_by_qpid_flow")
 
@@ -305,7 +315,7 @@ class BrokerRouter(Router):
         else:
             self._client_gone(pair)
             _close(conn, None)  # first: closing the upstream side then finds it closed
-            _close(pair.upstream, condition)
+            self._close_upstream(pair, condition, event.container)
 
     def on_transport_closed(self, event: Event) -> None:
         conn = event.connection
@@ -317,7 +327,7 @@ class BrokerRouter(Router):
                 self._upstream_dropped(pair)
         else:
             self._client_gone(pair)
-            _close(pair.upstream, None)
+            self._close_upstream(pair, None, event.container)
         _forget_endpoints(conn)
 
     def _close_client(self, pair: _Pair, condition: Condition | None, reason: str) -> None:
@@ -627,11 +637,56 @@ class BrokerRouter(Router):
         super()._link_gone(link)
 
     def _producer_route_gone(self, route: _ProducerRoute) -> None:
-        """The client's producer link went: its transfers get no answer now; detach upstream."""
+        """The client's producer link went: its transfers get no answer now; detach upstream.
+
+        An anonymous-relay producer's transfers may still wait for their upstream sender's
+        attach and credit: sent to the broker directly they would have reached it before
+        the client's detach or close, so they still go (nobody to answer), and the sender
+        detaches after them (:meth:`_linger_done`)."""
+        pair: _Pair | None = kept(route.client.connection, "qf_pair")
         for sender in route.senders():
+            if route.upstream is None and sender.pending and pair is not None and sender.link.state & _SENDING:
+                self._fail_in_flight(sender)
+                for message, _done in sender.pending:
+                    message.origin = None  # its client link is gone
+                sender.lingering_for = pair
+                pair.lingering.add(sender)
+                continue
             self._fail_sender(sender, None)
             if sender.link.state & Endpoint.LOCAL_ACTIVE and route.upstream is None:
                 sender.link.detach()
+
+    def _linger_done(self, sender: _UpstreamSender) -> None:
+        """A sender of a client that left has sent what waited (or cannot): detach it, and
+        close the upstream connection once the client's close is due and none is left."""
+        pair, sender.lingering_for = sender.lingering_for, None
+        if sender.pending:
+            self._fail_sender(sender, None)
+        if sender.link.state & Endpoint.LOCAL_ACTIVE:
+            sender.link.detach()
+        if pair is None:
+            return
+        pair.lingering.discard(sender)
+        if not pair.lingering and pair.closing is not None:
+            _close(pair.upstream, pair.closing[0])
+
+    def _close_upstream(self, pair: _Pair, condition: Condition | None, container: Any) -> None:
+        """The client left: its upstream connection closes too, once its lingering senders
+        are done (at most ``_LINGER`` seconds)."""
+        if not pair.lingering:
+            _close(pair.upstream, condition)
+            return
+        if pair.closing is None:  # the first reason given stands (the client's close, say)
+            pair.closing = (condition,)
+            container.schedule(_LINGER, _LingerTimeout(self, pair))
+
+    def _fail_in_flight(self, sender: _UpstreamSender) -> None:
+        """Outcomes (released, to nobody) for what a sender sent whose client is gone."""
+        waiting = [(message, done) for message, done, _ in sender.in_flight.values()]
+        sender.in_flight.clear()
+        for message, done in waiting:
+            message.origin = None
+            done(message, Settlement.released())
 
     def _fail_sender(self, sender: _UpstreamSender, settlement: Settlement | None) -> None:
         """Outcomes for everything an upstream sender still carries (None: nobody to tell)."""
@@ -664,6 +719,8 @@ class BrokerRouter(Router):
         )
         if link.state & Endpoint.LOCAL_ACTIVE:
             link.close() if closed else link.detach()
+        if sender.lingering_for is not None:
+            self._linger_done(sender)
 
     def _consumer_route_gone(self, route: _ConsumerRoute) -> None:
         if route.consumer is not None and route.destination is not None:
@@ -755,6 +812,8 @@ class BrokerRouter(Router):
                 done(message, _ACCEPTED)
             else:
                 sender.in_flight[delivery._impl] = (message, done, delivery)
+        if sender.lingering_for is not None and not pending:
+            self._linger_done(sender)
 
     def _grant(self, producer: Any, link: Link, ask: bool = True) -> None:
         """As standalone, but never more than the broker gave the upstream link."""
@@ -1070,3 +1129,19 @@ def _symbols(value: Any) -> SymbolList | None:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+class _LingerTimeout(Handler):
+    """The lingering senders of a client that left had ``_LINGER`` seconds: the upstream
+    connection closes now, whatever still waits (dropped, as on the broker's loss)."""
+
+    def __init__(self, router: BrokerRouter, pair: _Pair) -> None:
+        super().__init__()
+        self._router = router
+        self._pair = pair
+
+    def on_timer_task(self, _event: Any) -> None:
+        for sender in list(self._pair.lingering):
+            self._router._linger_done(sender)
+        if self._pair.closing is not None:
+            _close(self._pair.upstream, self._pair.closing[0])

@@ -18,6 +18,7 @@ from proton import Message
 
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
+from .harness.scenario import Peer, bodies
 from .harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -376,3 +377,31 @@ def test_clients_that_send_credentials_are_served(router) -> None:
     run_all(producer, consumer)
     assert producer.error is None and consumer.error is None
     assert len(consumer.received) == 10
+
+
+@pytest.mark.parametrize("presettled", [True, False])
+def test_relayed_transfers_sent_just_before_a_close_still_reach_the_broker(
+    rabbitmq, qpid_flow_process, presettled: bool
+) -> None:
+    """An anonymous-relay producer sends five messages as soon as it has credit and closes
+    its connection at once. Sent to the broker directly they would all have arrived before
+    the close; through qpid-flow they wait for their upstream sender's attach and credit,
+    and must still go (they were dropped: [] pre-settled, and in some runs unsettled)."""
+    router = qpid_flow_process(broker_url=rabbitmq.url)
+    queue = unique("relay-close")  # declared by the relay's attach to /queue/NAME
+    with Peer(router.url) as peer:
+        view = peer.sender(None)
+        peer.wait(lambda: view.remote_opened and peer.call(lambda: peer._links[view.name].credit) > 0)
+
+        def send_all() -> None:
+            link = peer._links[view.name]
+            for index in range(5):
+                delivery = link.send(Message(body=index, address=f"/queue/{queue}"))
+                if presettled:
+                    delivery.settle()
+
+        peer.call(send_all)
+    with Peer(rabbitmq.url) as consumer:
+        receiver = consumer.receiver(f"/queue/{queue}", credit=10)
+        consumer.wait(lambda: len(receiver.received) >= 5, 10)
+        assert bodies(receiver) == [0, 1, 2, 3, 4]
