@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
-from proton import Transport, Url
+from proton import Handler, Transport, Url
 from proton._io import IO
 
 from qpid_flow.amqp.streams import Stream, bind_transport, new_selectable
@@ -69,6 +69,9 @@ BROKER_MECHANISMS = ("PLAIN", "ANONYMOUS")
 # it can read for its ACLs): clients are offered these, in the broker's order.
 REPLAYABLE_MECHANISMS = frozenset({"PLAIN", "ANONYMOUS", "AMQPLAIN"})
 _BACKLOG = 1024  # Proton's listener uses 10: a burst of connecting clients would be refused
+# accept() failures that say the process is out of something, not that the client left.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPT_PAUSE = 0.25  # seconds without accepting after one of those
 
 
 class SignIn(Protocol):
@@ -172,9 +175,22 @@ class Gate:
     def on_selectable_readable(self, _event: Any) -> None:
         try:
             sock, peer = IO.accept(self._listener)
-        except OSError:
-            return  # the client went away before we took it
+        except OSError as exc:
+            if exc.errno in _OUT_OF_RESOURCES:
+                self._pause_accepting(exc)
+            return  # otherwise the client went away before we took it
         self.handshakes.add(_Handshake(self, sock, peer))
+
+    def _pause_accepting(self, error: OSError) -> None:
+        """No descriptor (or memory) left for a new socket: the waiting client stays in the
+        backlog and the listener stays readable, so accepting again at once would spin the
+        reactor at full CPU. Stop watching the listener a moment, then try again."""
+        if not self._listener.reading:
+            return
+        log.warning("accept_paused", port=self.port, error=error.strerror, seconds=_ACCEPT_PAUSE)
+        self._listener.reading = False
+        self._listener.update()
+        self._container.schedule(_ACCEPT_PAUSE, _ResumeAccepting(self._listener))
 
 
 class _Handshake:
@@ -567,3 +583,15 @@ def read_broker_mechanisms(
         if reader.offered is not None:
             return reader.offered
     return None
+
+
+class _ResumeAccepting(Handler):
+    """Watch a paused listener again (see :meth:`Gate._pause_accepting`)."""
+
+    def __init__(self, listener: Any) -> None:
+        super().__init__()
+        self._listener = listener
+
+    def on_timer_task(self, _event: Any) -> None:
+        self._listener.reading = True
+        self._listener.update()

@@ -6,11 +6,14 @@ broker that broker is a real RabbitMQ started by the harness.
 
 from __future__ import annotations
 
+import os
+import resource
 import socket
 import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pika
 import pytest
@@ -232,6 +235,34 @@ def test_an_admin_address_that_cannot_be_bound_is_named_as_the_admin_one(tmp_pat
     assert result.returncode == 1
     errors = [line for line in result.stderr.strip().splitlines() if not line.startswith("{")]
     assert errors == [f"qpid-flow: cannot listen on admin = {admin}: [Errno 98] Address already in use"]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_running_out_of_descriptors_pauses_accepting_instead_of_spinning(qpid_flow_process) -> None:
+    """Limited to 64 descriptors, qpid-flow gets 100 clients that connect and say nothing:
+    accept() fails with EMFILE and the listener stays readable. It must not spin at full
+    CPU meanwhile (it did: 3.00 s of CPU in 3 s), and must serve clients again once
+    descriptors are free."""
+    router = qpid_flow_process(config_text='sasl_timeout = "30s"\n')
+    resource.prlimit(router.pid, resource.RLIMIT_NOFILE, (64, 64))
+    idle = [socket.create_connection(("127.0.0.1", router.port), timeout=5) for _ in range(100)]
+    try:
+        time.sleep(0.5)  # fixed: the accepts that can succeed, and the first EMFILE
+        before = _cpu_seconds(router.pid)
+        time.sleep(2.0)  # fixed: a span to measure CPU over, not a wait for something
+        assert _cpu_seconds(router.pid) - before < 0.5
+    finally:
+        for sock in idle:
+            sock.close()
+    consumer = Consumer(router.url, "emfile.after", count=1, timeout=30)
+    producer = Producer(router.url, "emfile.after", [make_message("p", 0)], timeout=30)
+    run_all(consumer, producer)
+    assert len(consumer.received) == 1
+    assert router.returncode is None
 
 
 # --- in front of a broker only ---------------------------------------------------------
