@@ -47,6 +47,7 @@ own policies add theirs that way::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hmac
 import json
@@ -83,6 +84,12 @@ _MAX_BODY = 1024 * 1024
 # Idle keep-alive connections are closed after this many seconds, so a client that goes
 # quiet does not pin a handler thread forever.
 _IDLE_TIMEOUT = 60.0
+MAX_CONNECTIONS = 64  # admin connections open at once (see _HTTPServer)
+_BUSY_BODY = b'{"error": "too many admin connections open"}\n'
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
 
 # serve_forever checks for stop() this often; stop() waits up to one interval.
 _POLL_INTERVAL = 0.05
@@ -203,13 +210,36 @@ def _json_bytes(body: Any) -> bytes:
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 64  # the listen backlog (socketserver's 5 makes a burst of clients wait on SYN retries)
 
     def __init__(self, address: tuple[str, int], admin: AdminServer) -> None:
         # TCPServer creates its socket from the class attribute; an IPv6 literal needs AF_INET6.
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.admin = admin
+        # A thread and a descriptor per connection: clients that open connections and never
+        # finish a request (each read waits up to _IDLE_TIMEOUT) would take the process's
+        # descriptors from its AMQP clients. Past MAX_CONNECTIONS, a new one gets a 503.
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # no thread took it
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver prints a traceback to stderr: a client hanging up mid-request is

@@ -6,6 +6,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from urllib.parse import quote
 import pytest
 
 from qpid_flow.admin import http as admin_module
-from qpid_flow.admin.http import AdminServer
+from qpid_flow.admin.http import MAX_CONNECTIONS, AdminServer
 from qpid_flow.admin.metrics import Snapshot
 from qpid_flow.config import ConfigError
 from qpid_flow.plugin.declarations import AdminRequest, AdminRoute, required_string
@@ -770,3 +771,32 @@ def test_the_dashboard_needs_no_token_and_runs_only_its_own_files(server: AdminS
     assert response.headers["Content-Type"] == "text/html; charset=utf-8"
     assert "script-src 'self'" in response.headers["Content-Security-Policy"]
     assert "<script" in page and "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
+
+
+def test_connections_past_the_cap_get_a_503_and_the_endpoint_recovers(server: AdminServer) -> None:
+    """Clients that open connections and never send a request hold a thread and a
+    descriptor each: past MAX_CONNECTIONS a new one is answered 503 at once, and once they
+    go, requests are served again."""
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    try:
+        assert wait_for(lambda: call_status(server) == 503)
+    finally:
+        for sock in idle:
+            sock.close()
+    assert wait_for(lambda: call_status(server) == 200)
+
+
+def call_status(server: AdminServer) -> int:
+    try:
+        return call(server, "GET", "/v1/destinations")[0]
+    except (OSError, AssertionError):
+        return 0
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
