@@ -26,6 +26,11 @@ MAX_BACKOFF = 30.0
 # Longest the worker sleeps without servicing its connection (pika's blocking connection
 # answers heartbeats only when called; RabbitMQ's default heartbeat is 60 s).
 KEEPALIVE = 5.0
+# A new address is read this long after it was added, not at once: it is added when a
+# client's link attaches, and RabbitMQ 3.10 may declare the queue for that very attach.
+# A passive declare racing that declaration ended the client's session with
+# internal_error (noproc) now and then: a client must not see that through qpid-flow.
+FRESH_DELAY = 1.0
 
 
 class DepthWorker:
@@ -51,7 +56,9 @@ class DepthWorker:
         self._clock = clock
         self._lock = threading.Lock()
         self._queues: dict[str, str] = {}  # address -> queue name
-        self._fresh: set[str] = set()  # added since the last read: read them without waiting
+        # Added since the last read: read each at the time given (FRESH_DELAY after it came),
+        # without waiting for the next full poll.
+        self._fresh: dict[str, float] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._failures = 0
@@ -67,7 +74,7 @@ class DepthWorker:
         with self._lock:
             if address not in self._queues:
                 self._queues[address] = name
-                self._fresh.add(address)
+                self._fresh[address] = self._clock() + FRESH_DELAY
         self._wake.set()
         return True
 
@@ -75,7 +82,7 @@ class DepthWorker:
         """Stop watching ``address`` (its destination is gone)."""
         with self._lock:
             self._queues.pop(address, None)
-            self._fresh.discard(address)
+            self._fresh.pop(address, None)
 
     def stop(self) -> None:
         self._stop.set()
@@ -94,7 +101,7 @@ class DepthWorker:
 
     def run(self) -> None:
         """Poll at once (a backlog present at start counts immediately), then every
-        ``interval``; new addresses are read as soon as they are added. Returns on stop."""
+        ``interval``; new addresses are read FRESH_DELAY after they are added. Returns on stop."""
         next_full = self._clock()
         try:
             while not self._stop.is_set():
@@ -105,7 +112,8 @@ class DepthWorker:
                     self._failures += 1
                     self._reader.close()  # start over with a fresh connection
                     next_full = self._clock() + self._backoff()
-                timeout = min(max(next_full - self._clock(), 0.0), self._keepalive)
+                due = min([next_full, *self._fresh_due()])
+                timeout = min(max(due - self._clock(), 0.0), self._keepalive)
                 self._wake.wait(timeout)
                 self._wake.clear()
         finally:
@@ -128,8 +136,10 @@ class DepthWorker:
         it for every address that maps to it. False when the broker is unavailable."""
         with self._lock:
             if addresses is None:
-                wanted = dict(self._queues)
-                self._fresh.clear()
+                # Every queue, but those of addresses too new to read yet (FRESH_DELAY).
+                now = self._clock()
+                wanted = {a: name for a, name in self._queues.items() if self._fresh.get(a, now) <= now}
+                self._fresh = {a: at for a, at in self._fresh.items() if at > now}
             else:
                 wanted = {a: self._queues[a] for a in addresses if a in self._queues}
         by_queue: dict[str, list[str]] = {}
@@ -152,10 +162,17 @@ class DepthWorker:
         return True
 
     def _take_fresh(self) -> list[str]:
+        """The new addresses due to be read now (taken off the list)."""
+        now = self._clock()
         with self._lock:
-            fresh = list(self._fresh)
-            self._fresh.clear()
-        return fresh
+            due = [address for address, at in self._fresh.items() if at <= now]
+            for address in due:
+                del self._fresh[address]
+        return due
+
+    def _fresh_due(self) -> list[float]:
+        with self._lock:
+            return list(self._fresh.values())
 
     def _failed(self, error: str) -> None:
         self._failures += 1

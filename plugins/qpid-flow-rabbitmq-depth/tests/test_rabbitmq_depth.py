@@ -342,23 +342,32 @@ def test_a_refused_queue_is_skipped_and_logged_once(logs: RecordingLog) -> None:
     assert logs.names() == ["rabbitmq_depth_queue_refused"]
 
 
-def test_a_new_destination_is_read_before_the_interval_is_up() -> None:
+def test_a_new_destination_is_read_before_the_interval_is_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """... but not at once: FRESH_DELAY after it was made (a passive declare racing the
+    client attach that declares the queue can end that client's session at RabbitMQ 3.10),
+    neither by its own read nor by a full poll."""
     broker = FakeBroker({"orders": 5, "late": 7})
     orders = FakeDestination("orders")
-    p, control = started(broker, orders, interval="1h")
+    p, control = started(broker, orders, interval="1h")  # made with no delay (conftest)
     worker = p.worker
     assert worker is not None
-    clock = [0.0]
+    start = time.monotonic()
+    clock = [start]
     worker._clock = lambda: clock[0]
-    next_full = worker._step(0.0)  # the poll at start
-    assert orders.backlogs == [5] and next_full == 3600.0
+    next_full = worker._step(start)  # the poll at start
+    assert orders.backlogs == [5] and next_full == start + 3600.0
 
+    monkeypatch.setattr(worker_module, "FRESH_DELAY", 1.0)
     late = FakeDestination("late")
     control.destinations["late"] = late
     p.qpid_flow_destination_created(destination=as_destination(late))
-    clock[0] = 1.0
-    assert worker._step(next_full) == 3600.0
-    assert (orders.backlogs, late.backlogs) == ([5], [7])  # only the new one was read
+    clock[0] = start + 0.5  # not yet: the client's attach may be declaring the queue right now
+    assert worker._step(next_full) == next_full
+    assert late.backlogs == []
+    assert worker.poll_once() and late.backlogs == []  # a full poll leaves it alone too
+    clock[0] = start + 1.0
+    assert worker._step(next_full) == next_full
+    assert (orders.backlogs, late.backlogs) == ([5, 5], [7])  # the due one read; orders by the full poll
 
 
 def test_a_forgotten_destination_is_no_longer_read() -> None:
