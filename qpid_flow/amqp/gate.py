@@ -571,12 +571,7 @@ def read_broker_mechanisms(
                     if tls is None:
                         continue
                     sock = tls.wrap_socket(raw, server_hostname=broker.host)
-                sock.sendall(reader.data_to_send())
-                while reader.offered is None and reader.error is None:
-                    data = sock.recv(4096)
-                    if not data:
-                        break
-                    reader.receive(data)
+                reader.read_from(sock)
         except OSError as exc:
             log.info("broker_mechanisms_unknown", broker=broker.redacted, error=str(exc))
             continue

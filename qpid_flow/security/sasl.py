@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "AMQP_HEADER",
@@ -295,6 +296,17 @@ class MechanismsReader(_Handshake):
         super().__init__(65536)
         self.offered: tuple[str, ...] | None = None
         self._outgoing = SASL_HEADER
+
+    def read_from(self, sock: Any) -> tuple[str, ...] | None:
+        """Send the header on a connected (blocking) socket and read the answer: the
+        mechanisms offered, or None (``error`` says why, unless the peer just hung up)."""
+        sock.sendall(self.data_to_send())
+        while self.offered is None and self.error is None:
+            data = sock.recv(4096)
+            if not data:
+                break
+            self.receive(data)
+        return self.offered
 
     def _on_header(self, header: bytes) -> bool:
         if header != SASL_HEADER:

@@ -52,6 +52,7 @@ class ScriptedClient:
         self.container.timeout = 0.05  # a turn waits at most this long for I/O
         self.container.start()
         self._recorder = _Recorder()
+        self._accepted: dict[Any, int] = {}  # per receiver: how many of its deliveries were accepted
 
     def pump(self, until: Callable[[], bool] | None = None, timeout: float = 0.3, what: str = "") -> bool:
         """Turn the container until ``until()`` holds (an AssertionError naming ``what`` if it
@@ -90,6 +91,15 @@ class ScriptedClient:
     def received(self, receiver: Link) -> list[tuple[Delivery, Message]]:
         """What ``receiver`` got so far, in order: (delivery, message)."""
         return self._recorder.received.setdefault(receiver._impl, [])
+
+    def accept_new(self, receiver: Link) -> int:
+        """Accept what ``receiver`` got since the last call; how many it got in all."""
+        got = self.received(receiver)
+        done = self._accepted.get(receiver._impl, 0)
+        for delivery, _ in got[done:]:
+            accept(delivery)
+        self._accepted[receiver._impl] = len(got)
+        return len(got)
 
     @property
     def errors(self) -> list[str]:

@@ -96,15 +96,12 @@ def test_reject_after_keeps_a_producers_order_when_flow_resumes(
     connection = client.connect()
     sender = client.sender(connection, "ra")
     receiver = client.receiver(connection if consumer_on_the_producers_connection else client.connect(), "ra")
-    sent = settled = 0
+    sent = 0
     deadline = time.monotonic() + 25
     # A steady consumer taking 3 at a time; the producer sending up to 7 a turn: the
     # destination goes ON and OFF hundreds of times, each resume racing new transfers.
     while sent < 3000 and time.monotonic() < deadline:
-        got = client.received(receiver)
-        for delivery, _ in got[settled:]:
-            accept(delivery)
-        settled = len(got)
+        client.accept_new(receiver)
         for _ in range(7):
             if sender.credit <= 0 or sent == 3000:
                 break
@@ -114,16 +111,7 @@ def test_reject_after_keeps_a_producers_order_when_flow_resumes(
             receiver.flow(3)
         client.container.process()
     receiver.flow(10_000)
-
-    def settle_the_rest() -> bool:
-        nonlocal settled
-        got = client.received(receiver)
-        for delivery, _ in got[settled:]:
-            accept(delivery)
-        settled = len(got)
-        return settled == sent
-
-    client.pump(settle_the_rest, 10, "every message to arrive")
+    client.pump(lambda: client.accept_new(receiver) == sent, 10, "every message to arrive")
     order = [message.properties["i"] for _, message in client.received(receiver)]
     overtaken = [(a, b) for a, b in itertools.pairwise(order) if b < a]
     assert router.admin.stat("ra")["flowStoppedCount"] > 10  # the race was run, many times
@@ -212,7 +200,6 @@ def test_two_producers_on_a_flow_controlled_destination_both_get_through(
     senders = [client.sender(client.connect(), "fair") for _ in range(2)]
     receiver = client.receiver(client.connect(), "fair")
     sent = [0, 0]
-    settled = 0
     deadline = time.monotonic() + 60
     turns = 0
     # Until flow went ON eight times, however fast this machine runs the loop.
@@ -224,10 +211,7 @@ def test_two_producers_on_a_flow_controlled_destination_both_get_through(
             while sender.credit > 0:
                 sender.send(numbered(sent[index], producer=index))
                 sent[index] += 1
-        got = client.received(receiver)
-        for delivery, _ in got[settled:]:
-            accept(delivery)
-        settled = len(got)
+        client.accept_new(receiver)
         if receiver.credit < 2:
             receiver.flow(max(1, stop // 5))
         client.container.process()
@@ -265,17 +249,7 @@ def test_limits_tightened_under_a_producer_holding_credit_still_bound_the_depth(
     assert (record["depth"], record["transfersHeld"]) == (11, window - 11)
     assert sum(1 for d in deliveries if d.remote_state == Delivery.ACCEPTED) == 11
     receiver = client.receiver(client.connect(), "t1", credit=window)
-    settled = 0
-
-    def all_through() -> bool:
-        nonlocal settled
-        got = client.received(receiver)
-        for delivery, _ in got[settled:]:
-            accept(delivery)
-        settled = len(got)
-        return settled == window
-
-    client.pump(all_through, 15, "every held transfer to go in")
+    client.pump(lambda: client.accept_new(receiver) == window, 15, "every held transfer to go in")
     assert [message.properties["i"] for _, message in client.received(receiver)] == list(range(window))
     client.pump(lambda: all(d.remote_state == Delivery.ACCEPTED for d in deliveries), 5, "every outcome")
 

@@ -794,14 +794,9 @@ def mechanisms_offered(target: Target) -> list[str]:
     """The sasl-mechanisms a client is offered (read off the wire)."""
     reader = MechanismsReader()
     with socket.create_connection((target.host, target.port), timeout=10) as sock:
-        sock.sendall(reader.data_to_send())
-        while reader.offered is None and reader.error is None:
-            data = sock.recv(4096)
-            if not data:
-                break
-            reader.receive(data)
+        offered = reader.read_from(sock)
     assert reader.error is None, reader.error
-    return list(reader.offered or ())
+    return list(offered or ())
 
 
 def test_the_client_is_offered_the_brokers_mechanisms_in_its_order(both: Both) -> None:
