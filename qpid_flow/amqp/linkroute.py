@@ -646,7 +646,7 @@ class BrokerRouter(Router):
         pair: _Pair | None = kept(route.client.connection, "qf_pair")
         for sender in route.senders():
             if route.upstream is None and sender.pending and pair is not None and sender.link.state & _SENDING:
-                self._fail_in_flight(sender)
+                self._fail_sender(sender, None, keep_pending=True)
                 for message, _done in sender.pending:
                     message.origin = None  # its client link is gone
                 sender.lingering_for = pair
@@ -680,20 +680,14 @@ class BrokerRouter(Router):
             pair.closing = (condition,)
             container.schedule(_LINGER, _LingerTimeout(self, pair))
 
-    def _fail_in_flight(self, sender: _UpstreamSender) -> None:
-        """Outcomes (released, to nobody) for what a sender sent whose client is gone."""
+    def _fail_sender(self, sender: _UpstreamSender, settlement: Settlement | None, keep_pending: bool = False) -> None:
+        """Outcomes for everything an upstream sender still carries (None: nobody to tell);
+        ``keep_pending``: only for what it sent, what waits to be sent stays."""
         waiting = [(message, done) for message, done, _ in sender.in_flight.values()]
         sender.in_flight.clear()
-        for message, done in waiting:
-            message.origin = None
-            done(message, Settlement.released())
-
-    def _fail_sender(self, sender: _UpstreamSender, settlement: Settlement | None) -> None:
-        """Outcomes for everything an upstream sender still carries (None: nobody to tell)."""
-        waiting = [(message, done) for message, done, _ in sender.in_flight.values()]
-        waiting.extend(sender.pending)
-        sender.in_flight.clear()
-        sender.pending.clear()
+        if not keep_pending:
+            waiting.extend(sender.pending)
+            sender.pending.clear()
         failed = settlement or Settlement.released()
         for message, done in waiting:
             if settlement is None:

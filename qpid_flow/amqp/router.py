@@ -751,13 +751,20 @@ class Router(Handler):
                 self._settle_producer(message, settlement)
         for message in self._held.pop(address, ()):
             self.memory.sub(message.size)
-            if message.txn is not None:
-                message.txn.undecided -= 1
-                message.txn.failure = f"{address!r} was deleted before flow control admitted a transfer to it"
-                self.coordinator.try_commit(message.txn)
-                message.txn = None
+            self._undecided_for_good(message, f"{address!r} was deleted before flow control admitted a transfer to it")
             if message.producer_id in self._producers:
                 self._settle_producer(message, Settlement.released())
+
+    def _undecided_for_good(self, message: Message, why: str) -> None:
+        """A held transfer will never be admitted: the transaction it belongs to (if any)
+        stops waiting for it, and can no longer commit (``why``)."""
+        txn = message.txn
+        if txn is None:
+            return
+        message.txn = None
+        txn.undecided -= 1
+        txn.failure = why
+        self.coordinator.try_commit(txn)
 
     def _recheck_delayed(self, destination: Destination) -> None:
         address = destination.address
@@ -809,10 +816,8 @@ class Router(Handler):
             kept = [m for m in messages if m.producer_id != producer.id]
             self.memory.sub(sum(m.size for m in messages) - sum(m.size for m in kept))
             for message in messages:
-                if message.producer_id == producer.id and message.txn is not None:
-                    message.txn.undecided -= 1
-                    message.txn.failure = "a producer left before flow control admitted its transfer"
-                    self.coordinator.try_commit(message.txn)
+                if message.producer_id == producer.id:
+                    self._undecided_for_good(message, "a producer left before flow control admitted its transfer")
             if kept:
                 self._held[address] = kept
             else:
