@@ -9,7 +9,9 @@ forced.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,6 +114,9 @@ def build_session(master: str | None = None, driver_memory: str = "2g", archive:
         # the loopback interface. Must be set before the JVM starts.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         scratch = Path(tempfile.mkdtemp(prefix="qpid-flow-spark-"))
+        # The JVM's temporary files and Spark's local folder live here: removed when this
+        # Python process ends (after the JVM it started), not left in /tmp by every report.
+        atexit.register(shutil.rmtree, scratch, True)
         settings = local_settings(scratch, driver_memory, archive.java_options() if archive else ())
         if master and not master.startswith("local"):
             # A cluster: its own network and memory settings apply; keep ours for logging.

@@ -347,3 +347,23 @@ def test_the_time_axis_cuts_idle_gaps_and_keeps_real_times() -> None:
     low, high = axis.get_xlim()
     assert 0 < high - low < 10
     plt.close(figure)
+
+
+def test_a_session_leaves_no_scratch_folder_behind(tmp_path: Path) -> None:
+    # Every report (and every test session) used to leave a qpid-flow-spark-* folder in /tmp.
+    script = (
+        "from qpid_flow.analytics.session import build_session\n"
+        "spark = build_session(driver_memory='512m')\n"
+        "print(spark.conf.get('spark.local.dir'))\n"
+        "spark.range(10).count()\n"
+        "spark.stop()\n"
+    )
+    environment = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180, env=environment
+    )
+    assert result.returncode == 0, result.stderr
+    scratch = Path(result.stdout.strip().splitlines()[-1])
+    assert scratch.parent == tmp_path
+    assert not scratch.exists()
+    assert list(tmp_path.glob("qpid-flow-spark-*")) == []
