@@ -32,6 +32,7 @@ import structlog
 from proton import Handler, Transport, Url
 from proton._io import IO
 
+from qpid_flow.amqp.reactor import RelayContainer
 from qpid_flow.amqp.streams import Stream, bind_transport, new_selectable
 from qpid_flow.security.access import ANONYMOUS_USER
 from qpid_flow.security.auth import claimed_user
@@ -500,6 +501,9 @@ class _Handshake:
         )
         assert gate._on_pair is not None
         gate._on_pair(client, upstream_connection, broker, self.peer, self.user)
+        if isinstance(gate._container, RelayContainer):
+            # The broker's frames for this client wait in the broker while it reads slowly.
+            gate._container.pace(client, upstream_connection)
 
     # --- ending ---------------------------------------------------------------------------
 

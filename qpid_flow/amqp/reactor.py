@@ -18,6 +18,10 @@ loop matters most: a message takes three or four turns of its own.
   posted ``reactor_quiesced`` event and without returning to ``Container.run``.
 - Deliveries, links and transfers are handled lean (:mod:`qpid_flow.amqp.endpoints`), and the
   sockets wait in ``epoll`` (:mod:`qpid_flow.amqp.epoll`).
+- In front of a broker, a client's upstream connection is read only while the client
+  takes what qpid-flow sends it (:meth:`BatchingIOHandler.pace`): a client that stops
+  reading its socket leaves its backlog in the broker, as it would connected directly,
+  not in qpid-flow's memory.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from cproton import (
     pn_collector_more,
     pn_collector_peek,
     pn_collector_pop,
+    pn_connection_transport,
     pn_delivery_link,
     pn_event_connection,
     pn_event_delivery,
@@ -45,7 +50,11 @@ from cproton import (
     pn_event_type,
     pn_link_session,
     pn_session_connection,
+    pn_session_head,
+    pn_session_next,
+    pn_session_outgoing_bytes,
     pn_transport_capacity,
+    pn_transport_connection,
     pn_transport_pending,
     pn_transport_pop,
     pn_transport_tick,
@@ -68,6 +77,30 @@ log = logging.getLogger(__name__)
 
 _QUIESCED = Event.REACTOR_QUIESCED.number
 _NULL = ffi.NULL  # compared in C; cproton.isnull is a Python function, called per event
+
+# A client's backlog: bytes qpid-flow has for it that its socket has not taken yet (in its
+# transport and its sessions). Above the high mark its upstream connection is no longer
+# read, until the backlog is back under the low mark: the broker's further frames wait in
+# the broker (its socket's buffers, then its queue), as they would for a client connected
+# directly that reads slowly. The marks leave a client that reads at all a full socket's
+# worth of room, so that pacing never throttles one that keeps up.
+BACKLOG_HIGH = 1 << 20
+BACKLOG_LOW = 256 << 10
+
+
+def client_backlog(connection: Any) -> int:
+    """The bytes waiting for ``connection``'s socket (a C pointer): its transport's output
+    and what its sessions hold that the transport has not framed yet (Proton frames no
+    more than the peer's largest frame at a time)."""
+    transport = pn_connection_transport(connection)
+    if transport == _NULL:
+        return 0
+    backlog = max(pn_transport_pending(transport), 0)
+    session = pn_session_head(connection, 0)
+    while session != _NULL:
+        backlog += pn_session_outgoing_bytes(session)
+        session = pn_session_next(session, 0)
+    return backlog
 
 
 def _only_quiesced_left(collector: Any) -> bool:
@@ -97,6 +130,51 @@ class BatchingIOHandler(IOHandler):
         # Transport wrappers that connections' selectables hold, by C pointer. Weak: an
         # entry goes when its selectable lets go (the transport closed).
         self._transports: weakref.WeakValueDictionary[Any, Transport] = weakref.WeakValueDictionary()
+        # Broker mode: upstream connection -> its client, and back (C pointers), and the
+        # upstream connections not read now because their client's backlog is too large.
+        self._client_of: dict[Any, Any] = {}
+        self._upstream_of: dict[Any, Any] = {}
+        self._paused: set[Any] = set()
+
+    def pace(self, client: Any, upstream: Any) -> None:
+        """Read the ``upstream`` connection (C pointer) only while ``client``'s backlog
+        allows (see ``BACKLOG_HIGH``), for as long as both are bound."""
+        self._client_of[upstream] = client
+        self._upstream_of[client] = upstream
+
+    def forget(self, connection: Any) -> None:
+        """``connection`` (C pointer) is unbound or freed: its pacing ends (its pointer may
+        be given to a later connection), and an upstream paused for it is read again."""
+        client = self._client_of.pop(connection, None)
+        if client is not None:
+            self._upstream_of.pop(client, None)
+            self._paused.discard(connection)
+        upstream = self._upstream_of.pop(connection, None)
+        if upstream is not None:
+            self._client_of.pop(upstream, None)
+            self._resume(upstream)
+
+    def paused(self) -> int:
+        """How many upstream connections wait for their client's backlog now."""
+        return len(self._paused)
+
+    def _resume(self, upstream: Any) -> None:
+        if upstream in self._paused:
+            self._paused.discard(upstream)
+            transport = pn_connection_transport(upstream)
+            if transport != _NULL:
+                self.mark_dirty(transport)  # its next update reads it again
+
+    def _reads_upstream(self, upstream: Any, client: Any) -> bool:
+        backlog = client_backlog(client)
+        if upstream in self._paused:
+            if backlog > BACKLOG_LOW:
+                return False
+            self._paused.discard(upstream)
+        elif backlog > BACKLOG_HIGH:
+            self._paused.add(upstream)
+            return False
+        return True
 
     def on_transport(self, event: Any) -> None:
         transport = event.transport
@@ -141,6 +219,15 @@ class BatchingIOHandler(IOHandler):
             return
         reading = capacity > 0
         writing = pending > 0
+        if self._client_of:
+            connection = pn_transport_connection(impl)
+            client = self._client_of.get(connection)
+            if client is not None:
+                reading = reading and self._reads_upstream(connection, client)
+            else:
+                upstream = self._upstream_of.get(connection)
+                if upstream in self._paused and client_backlog(connection) <= BACKLOG_LOW:
+                    self._resume(upstream)
         tick = pn_transport_tick(impl, int(now * 1000))
         later = tick / 1000 if tick else 0
         earlier = selectable._deadline
@@ -203,16 +290,17 @@ class BatchingIOHandler(IOHandler):
         """Write what every transport changed this turn has to send, and update what the
         selector waits for on it."""
         dirty = self._dirty
-        if not dirty:
-            return
-        transports = list(dirty.values())
-        dirty.clear()
         now = reactor.now
-        for transport in transports:
-            selectable = kept(transport, "_selectable")
-            if selectable and not selectable.is_terminal:
-                self._flush(transport, selectable)
-                self.update(transport, selectable, now)
+        # Again while an update marked another transport (a client's drained backlog
+        # resumes its upstream's reading).
+        while dirty:
+            transports = list(dirty.values())
+            dirty.clear()
+            for transport in transports:
+                selectable = kept(transport, "_selectable")
+                if selectable and not selectable.is_terminal:
+                    self._flush(transport, selectable)
+                    self.update(transport, selectable, now)
 
     def wait_and_serve(self, reactor: Any) -> None:
         """Wait for I/O or the next deadline, then serve what is ready.
@@ -277,6 +365,11 @@ class RelayContainer(Container):
             self._connection_handlers[connection._impl] = handler
         return connection
 
+    def pace(self, client: Any, upstream: Any) -> None:
+        """Read ``upstream`` only while ``client`` takes what it is sent (Proton
+        connections; see :meth:`BatchingIOHandler.pace`)."""
+        self._io.pace(client._impl, upstream._impl)
+
     def process(self) -> bool:
         """Run turns until a handler asks to yield or the container stops.
 
@@ -329,5 +422,7 @@ class RelayContainer(Container):
                     # Its transport is gone (no delivery can come any more), or the
                     # connection itself. Before the pop: until then the event keeps the C
                     # connection alive, so its address cannot have been given to another.
-                    handlers.pop(pn_event_connection(raw), None)
+                    connection = pn_event_connection(raw)
+                    handlers.pop(connection, None)
+                    io.forget(connection)
             pn_collector_pop(collector)
