@@ -180,6 +180,9 @@ class ManualControl:
     def delayed_producers(self, address: str) -> int:
         return 0
 
+    def waiting_producers(self, address: str) -> set[int]:
+        return set()
+
 
 # --- a real qpid-flow --------------------------------------------------------------------
 

@@ -128,7 +128,7 @@ DESTINATION_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "qpid_flow_destination_producers_blocked",
         "gauge",
-        "Producers held by flow control (no credit, or an outcome held back).",
+        "Producers held by flow control (no credit, a transfer held under reject_after, or an outcome held back).",
         _D,
         "producersBlocked",
     ),

@@ -788,6 +788,14 @@ class Router(Handler):
     def delayed_producers(self, address: str) -> int:
         return len({message.producer_id for message, _ in self._delayed.get(address, ())})
 
+    def waiting_producers(self, address: str) -> set[int]:
+        """The producers with a transfer to ``address`` held unforwarded or a settlement
+        delayed: each waits for an answer."""
+        waiting = {message.producer_id for message, _ in self._delayed.get(address, ())}
+        waiting.update(message.producer_id for message in self._held.get(address, ()))
+        waiting.discard(None)
+        return waiting  # type: ignore[return-value]
+
     def drop_held_in(self, txn: Transaction) -> None:
         """A transaction was rolled back: its transfers a policy still holds are dropped,
         released to their producers."""

@@ -114,3 +114,8 @@ class RouterControl:
         """How many producers wait for the settlement of a transfer to ``address`` (delayed by
         :func:`~qpid_flow.plugin.hookspecs.qpid_flow_settlement_delay`)."""
         return self._router.delayed_producers(address)
+
+    def waiting_producers(self, address: str) -> set[int]:
+        """The ids (``Producer.id``) of the producers that wait for the answer to a transfer
+        to ``address``: held unforwarded, or its settlement delayed."""
+        return self._router.waiting_producers(address)

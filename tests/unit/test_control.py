@@ -67,6 +67,9 @@ class FakeRouter:
     def delayed_producers(self, address: str) -> int:
         return {"orders": 2}.get(address, 0)
 
+    def waiting_producers(self, address: str) -> set[int]:
+        return {"orders": {7, 9}}.get(address, set())
+
 
 class FakeBridge:
     def __init__(self) -> None:
@@ -155,6 +158,7 @@ def test_counts_and_lookups_come_from_the_router_and_the_registry() -> None:
     control = faked.control
     assert (control.held_transfers("orders"), control.held_transfers("invoices")) == (3, 0)
     assert (control.delayed_producers("orders"), control.delayed_producers("invoices")) == (2, 0)
+    assert (control.waiting_producers("orders"), control.waiting_producers("invoices")) == ({7, 9}, set())
     orders = control.destination("orders")
     assert orders is not None and orders.address == "orders"
     assert control.destination("nowhere") is None
@@ -192,6 +196,7 @@ def test_wake_forwards_held_transfers_once_the_policy_admits_them_in_arrival_ord
     assert [d.remote_state for d in sent] == [0, 0, 0]
     assert client.commands("disposition") == []
     assert rig.control.held_transfers("orders") == 3
+    assert rig.control.waiting_producers("orders") == {p.id for p in rig.destination("orders").producers}
     assert rig.destination("orders").depth == 0
 
     gate.holding = set()
@@ -201,6 +206,7 @@ def test_wake_forwards_held_transfers_once_the_policy_admits_them_in_arrival_ord
     assert gate.asked == ["m-1", "m-2", "m-3"]
     assert [outcome(d) for d in sent] == [ACCEPTED_SETTLED] * 3
     assert rig.control.held_transfers("orders") == 0
+    assert rig.control.waiting_producers("orders") == set()
     assert [m.identity()[0] for m in rig.destination("orders").queue] == ["m-1", "m-2", "m-3"]
 
 

@@ -45,6 +45,9 @@ class FakeControl:
     def delayed_producers(self, address: str) -> int:
         return 0
 
+    def waiting_producers(self, address: str) -> set[int]:
+        return set()
+
 
 def setup(toml: dict[str, Any], limit: int = 0) -> tuple[Hooks, Destinations, FakeControl, FlowPlugin]:
     config = build_config({"producer_window": 100, "default_max_size": 0, **toml})

@@ -531,6 +531,19 @@ def test_flow_control_grants_credit_up_to_exactly_the_message_that_crosses_the_s
     assert (stats["flowStopped"], stats["flowStoppedCount"], stats["producersBlocked"]) == (True, 1, 1)
 
 
+def test_a_producer_whose_transfers_wait_under_reject_after_counts_as_blocked() -> None:
+    """reject_after keeps a producer's credit (it must send to be answered): what blocks it
+    is its held transfers. producersBlocked counted only producers without credit: 0."""
+    rig = Rig({"destinations": {"orders": {"reject_after": "30s", "flow_stop_count": 2, "flow_resume_count": 1}}})
+    client = rig.connect()
+    sender = client.attach_sender("orders")
+    sent = client.send(sender, *(order(n) for n in range(5)))
+    assert [outcome(d) for d in sent] == [ACCEPTED_SETTLED] * 3 + [(0, False)] * 2
+    assert sender.credit > 0
+    stats = rig.destination("orders").stats()
+    assert (stats["flowStopped"], stats["transfersHeld"], stats["producersBlocked"]) == (True, 2, 1)
+
+
 def test_flow_control_resumes_the_producer_only_below_the_resume_threshold() -> None:
     """Seed 003 again: a consumer takes all 901, in order. Accepting 401 leaves depth 500 (not
     below 500): still no credit; the next accept leaves 499: the producer gets a full window

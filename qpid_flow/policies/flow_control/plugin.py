@@ -413,16 +413,19 @@ class Plugin:
         entry = self._entry(destination)
         state = entry.state
         blocked = self._blocked(destination) or (self._control is not None and self._control.memory.over)
-        named_blocked = sum(1 for p in destination.producers if p.credit == 0) if blocked else 0
+        # Blocked: without credit while flow is stopped, or waiting for the answer to a
+        # transfer (held under reject_after, or its settlement delayed); each counted once.
+        blocked_ids = {p.id for p in destination.producers if p.credit == 0} if blocked else set()
         control = self._control
-        delayed = control.delayed_producers(destination.address) if control is not None else 0
+        if control is not None:
+            blocked_ids |= control.waiting_producers(destination.address)
         held = control.held_transfers(destination.address) if control is not None else 0
         return {
             "flowStopped": state.stopped,
             "flowStoppedCount": state.stopped_count,
             "flowStoppedSeconds": round(state.seconds_stopped(self._clock()), 3),
             "producersStopped": self.stopped_by_operator(destination.address),
-            "producersBlocked": named_blocked + delayed,
+            "producersBlocked": len(blocked_ids),
             "transfersHeld": held,  # arrived, unsettled, waiting for room (reject_after)
             **state.limits.as_dict(),
         }
