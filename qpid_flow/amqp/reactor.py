@@ -55,6 +55,7 @@ from cproton import (
     pn_session_outgoing_bytes,
     pn_transport_capacity,
     pn_transport_connection,
+    pn_transport_get_idle_timeout,
     pn_transport_pending,
     pn_transport_pop,
     pn_transport_tick,
@@ -86,6 +87,9 @@ _NULL = ffi.NULL  # compared in C; cproton.isnull is a Python function, called p
 # worth of room, so that pacing never throttles one that keeps up.
 BACKLOG_HIGH = 1 << 20
 BACKLOG_LOW = 256 << 10
+# A paused upstream connection is still read once in every half of its idle timeout: Proton
+# drops a peer it hears nothing from for that long, and the broker is alive (its frames wait
+# unread). One read a period keeps it; the client's own silence is judged on its own side.
 
 
 def client_backlog(connection: Any) -> int:
@@ -131,10 +135,11 @@ class BatchingIOHandler(IOHandler):
         # entry goes when its selectable lets go (the transport closed).
         self._transports: weakref.WeakValueDictionary[Any, Transport] = weakref.WeakValueDictionary()
         # Broker mode: upstream connection -> its client, and back (C pointers), and the
-        # upstream connections not read now because their client's backlog is too large.
+        # upstream connections not read now because their client's backlog is too large,
+        # with when they were last read.
         self._client_of: dict[Any, Any] = {}
         self._upstream_of: dict[Any, Any] = {}
-        self._paused: set[Any] = set()
+        self._paused: dict[Any, float] = {}
 
     def pace(self, client: Any, upstream: Any) -> None:
         """Read the ``upstream`` connection (C pointer) only while ``client``'s backlog
@@ -148,33 +153,35 @@ class BatchingIOHandler(IOHandler):
         client = self._client_of.pop(connection, None)
         if client is not None:
             self._upstream_of.pop(client, None)
-            self._paused.discard(connection)
+            self._paused.pop(connection, None)
         upstream = self._upstream_of.pop(connection, None)
         if upstream is not None:
             self._client_of.pop(upstream, None)
             self._resume(upstream)
 
-    def paused(self) -> int:
-        """How many upstream connections wait for their client's backlog now."""
-        return len(self._paused)
-
     def _resume(self, upstream: Any) -> None:
-        if upstream in self._paused:
-            self._paused.discard(upstream)
+        if self._paused.pop(upstream, None) is not None:
             transport = pn_connection_transport(upstream)
             if transport != _NULL:
                 self.mark_dirty(transport)  # its next update reads it again
 
-    def _reads_upstream(self, upstream: Any, client: Any) -> bool:
+    def _reads_upstream(self, upstream: Any, client: Any, transport: Any, now: float) -> bool:
         backlog = client_backlog(client)
-        if upstream in self._paused:
-            if backlog > BACKLOG_LOW:
+        paused = self._paused
+        since = paused.get(upstream)
+        if since is None:
+            if backlog > BACKLOG_HIGH:
+                paused[upstream] = now
                 return False
-            self._paused.discard(upstream)
-        elif backlog > BACKLOG_HIGH:
-            self._paused.add(upstream)
-            return False
-        return True
+            return True
+        if backlog <= BACKLOG_LOW:
+            del paused[upstream]
+            return True
+        idle = pn_transport_get_idle_timeout(transport)  # ms; 0: none
+        if idle and now - since >= idle / 2000:
+            paused[upstream] = now  # one read now (see BACKLOG_LOW), then paused again
+            return True
+        return False
 
     def on_transport(self, event: Any) -> None:
         transport = event.transport
@@ -202,6 +209,11 @@ class BatchingIOHandler(IOHandler):
         through the generic dispatch and a walk of every connection's deadline. The
         transport is asked through Proton's C functions directly: its Python methods add
         two calls each, and this runs for every transport that changed, every turn."""
+        if transport is None:
+            # An expiry posted before its transport closed (a deadline passed in the same
+            # wait as the socket's end): the selectable is ending, nothing to update. This
+            # ended the process with an AttributeError.
+            return
         impl = transport._impl
         capacity = pn_transport_capacity(impl)
         pending = pn_transport_pending(impl)
@@ -219,17 +231,24 @@ class BatchingIOHandler(IOHandler):
             return
         reading = capacity > 0
         writing = pending > 0
+        since = None
         if self._client_of:
             connection = pn_transport_connection(impl)
             client = self._client_of.get(connection)
             if client is not None:
-                reading = reading and self._reads_upstream(connection, client)
+                reading = reading and self._reads_upstream(connection, client, impl, now)
+                since = self._paused.get(connection)
             else:
                 upstream = self._upstream_of.get(connection)
                 if upstream in self._paused and client_backlog(connection) <= BACKLOG_LOW:
                     self._resume(upstream)
         tick = pn_transport_tick(impl, int(now * 1000))
         later = tick / 1000 if tick else 0
+        if since is not None and (idle := pn_transport_get_idle_timeout(impl)):
+            # Paused: wake for its keep-alive read (see _reads_upstream) before Proton's
+            # idle check would find the broker silent.
+            wake = since + idle / 2000
+            later = wake if not later or wake < later else later
         earlier = selectable._deadline
         same_interest = selectable.reading == reading and selectable.writing == writing
         if same_interest and (later == earlier or (earlier and (not later or later >= earlier))):

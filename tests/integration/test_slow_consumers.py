@@ -79,6 +79,9 @@ def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(rabbitmq
     try:
         connection = client.connection
         connection.container = "stalled-consumer"
+        # qpid-flow asks the broker for the same 2 s and drops a broker it hears nothing from
+        # for 4 s: a paused upstream must still hear the broker (the stall lasts 6 s).
+        client.transport.idle_timeout = 2
         connection.open()
         session = connection.session()
         session.open()

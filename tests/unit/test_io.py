@@ -32,3 +32,24 @@ def test_the_handler_of_a_finished_connection_is_forgotten() -> None:
     container.run()
     assert handler.errors == 1
     assert container._connection_handlers == {}
+
+
+class _Ended:
+    """A connection's selectable after its transport closed: Proton's close handler drops
+    the transport from it, and an expiry posted before that still reaches the I/O handler."""
+
+    _transport = None
+
+    class _reactor:  # Proton reads the selectable's _reactor.now
+        now = 0.0
+
+
+class _Expired:
+    selectable = _Ended()
+
+
+def test_an_expiry_that_arrives_after_its_transport_closed_is_ignored() -> None:
+    # It ended the whole process with an AttributeError (every client's connection with it).
+    from qpid_flow.amqp.reactor import BatchingIOHandler
+
+    BatchingIOHandler().on_selectable_expired(_Expired())
