@@ -76,7 +76,8 @@ class Coordinator:
         elif kind in _DISCHARGE:
             found = self.transactions.find(fields[0] if fields else None, link.connection.qf_id)
             if found is None:
-                _answer(delivery, Delivery.REJECTED, condition=Condition(UNKNOWN_ID, f"no transaction {fields[:1]!r}"))
+                unknown = Condition(UNKNOWN_ID, f"no transaction {_txn_name(fields)}")
+                _answer(delivery, Delivery.REJECTED, condition=unknown)
                 return
             fail = bool(fields[1]) if len(fields) > 1 else False
             if fail:
@@ -163,7 +164,33 @@ def _control_body(data: bytes) -> Any:
         message.decode(data)
     except Exception:  # any decode failure is the same answer: not a control message
         return None
-    return message.body if isinstance(message.body, Described) else None
+    body = message.body
+    # Copied out before ``message`` goes: Proton hands binary fields (the txn-id) out as
+    # views of the message's own buffer, freed with it. A txn-id read from such a view
+    # was garbage for every discharge with a numeric descriptor (qpid-jms, rhea, .NET).
+    return _owned(body) if isinstance(body, Described) else None
+
+
+def _txn_name(fields: list[Any]) -> str:
+    """The txn-id a discharge named, for its error: readable text where it is text."""
+    txn = fields[0] if fields else None
+    if isinstance(txn, bytes):
+        try:
+            return repr(txn.decode("ascii"))
+        except UnicodeDecodeError:
+            return txn.hex()
+    return repr(txn)
+
+
+def _owned(value: Any) -> Any:
+    """``value`` with every buffer view in it copied into bytes of its own."""
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, Described):
+        return Described(value.descriptor, _owned(value.value))
+    if isinstance(value, list | tuple):
+        return [_owned(item) for item in value]
+    return value
 
 
 def _answer(

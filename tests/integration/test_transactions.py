@@ -381,3 +381,57 @@ def test_a_commit_waits_for_the_transfers_flow_control_holds(qpid_flow_process: 
     assert client.result == "committed"
     # The drainer may get the committed message too: the commit follows its first accept.
     assert drained + drain(router, "tx.flow", 4 - len(drained)) == ["plain-0", "plain-1", "plain-2", "tx-1"]
+
+
+@pytest.mark.parametrize("descriptors", ["numeric", "symbolic"])
+def test_a_discharge_named_by_numeric_descriptor_commits(qpid_flow_process: StartRouter, descriptors: str) -> None:
+    """qpid-jms, rhea and AMQP.Net Lite describe declare and discharge by code (0x31, 0x32),
+    Proton by symbol. Every numeric discharge was refused ``amqp:transaction:unknown-id``:
+    the txn-id was read from a buffer already freed."""
+    from urllib.parse import urlsplit
+
+    from proton import Described, Endpoint, Terminus, symbol, ulong
+
+    from .harness.rawclient import RawClient
+
+    declare, discharge = (
+        (ulong(0x31), ulong(0x32))
+        if descriptors == "numeric"
+        else (symbol("amqp:declare:list"), symbol("amqp:discharge:list"))
+    )
+    router = qpid_flow_process()
+    client = RawClient(urlsplit(router.url).port or 5672)
+    try:
+        client.connection.open()
+        session = client.connection.session()
+        session.open()
+        controller = session.sender("controller")
+        controller.source.address = "controller"
+        controller.target.type = Terminus.COORDINATOR
+        controller.open()
+        producer = session.sender("producer")
+        producer.target.address = "tx.numeric"
+        producer.open()
+        assert client.pump(lambda: controller.credit > 0 and producer.credit > 0)
+
+        def transfer(link: Any, body: Any, txn: bytes | None = None) -> Any:
+            delivery = link.delivery(f"{link.name}-{time.monotonic_ns()}".encode())
+            if txn is not None:
+                delivery.local.data = [txn]
+                delivery.update(0x34)  # transactional-state
+            link.send(Message(body=body).encode())
+            link.advance()
+            return delivery
+
+        declared = transfer(controller, Described(declare, [None]))
+        assert client.pump(lambda: declared.remote_state)
+        txn = bytes(declared.remote.data[0])
+        staged = transfer(producer, "in the transaction", txn)
+        assert client.pump(lambda: staged.remote_state)
+        discharged = transfer(controller, Described(discharge, [txn, False]))
+        assert client.pump(lambda: discharged.remote_state)
+        assert discharged.remote_state == discharged.ACCEPTED, discharged.remote.condition
+        assert client.connection.state & Endpoint.REMOTE_ACTIVE
+    finally:
+        client.close()
+    assert drain(router, "tx.numeric", 1) == ["in the transaction"]
