@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from proton import Condition, Delivery, Described, Link
+from proton import UNDESCRIBED, Array, Condition, Data, Delivery, Described, Link, symbol
 from proton import Message as ProtonMessage
 
 from qpid_flow.amqp.endpoints import keep_link
@@ -45,10 +45,11 @@ class Coordinator:
     # --- the coordinator link ---------------------------------------------------------
 
     def attach(self, link: Link) -> None:
-        """Answer a coordinator attach: its target (and the capabilities asked for: local
-        transactions are what qpid-flow has) and credit for control messages."""
+        """Answer a coordinator attach: its target, with of the capabilities asked for
+        only those qpid-flow has (local transactions), and credit for control messages."""
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
+        _only_local_transactions(link.target.capabilities)
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
         link.qf_coordinator = True
@@ -151,6 +152,24 @@ class Coordinator:
             waiting, txn.waiting = txn.waiting, None
             _answer(waiting, Delivery.REJECTED, condition=Condition(ROLLBACK, f"rolled back: {reason}"))
         log.info("transaction_rolled_back", txn=txn.id.decode(), reason=reason, dropped=len(txn.transfers))
+
+
+LOCAL_TRANSACTIONS = "amqp:local-transactions"
+
+
+def _only_local_transactions(capabilities: Data) -> None:
+    """Keep, of the txn-capabilities in ``capabilities``, local transactions: a client that
+    asks for distributed or promotable ones must not be told it has them (it learnt only at
+    its declare, from amqp:not-implemented)."""
+    capabilities.rewind()
+    asked: list[str] = []
+    if capabilities.next() is not None:
+        value = capabilities.get_object()
+        elements = getattr(value, "elements", None)  # an array of symbols, or one symbol
+        asked = [str(v) for v in elements] if elements is not None else [str(value)]
+    capabilities.clear()
+    if LOCAL_TRANSACTIONS in asked:
+        capabilities.put_object(Array(UNDESCRIBED, Data.SYMBOL, symbol(LOCAL_TRANSACTIONS)))
 
 
 def _committed(_message: Any, _settlement: Any) -> None:

@@ -256,8 +256,16 @@ class Router(Handler):
             event.link.detach()
 
     def _refuse_link(self, link: Link, condition: str, description: str) -> None:
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
+        """Answer an attach with the terminus qpid-flow did not make left null, then detach
+        with ``condition`` (AMQP 1.0 2.6.3): a client tells a refusal from a link that
+        opened by that null. qpid-jms does; echoing the terminus made its createConsumer and
+        createProducer succeed on an unknown queue, a bad selector or a refused ACL."""
+        if link.is_sender:  # the client's consumer: the source is qpid-flow's
+            link.source.type = Terminus.UNSPECIFIED  # encoded as null
+            link.target.copy(link.remote_target)
+        else:  # the client's producer: the target is qpid-flow's
+            link.source.copy(link.remote_source)
+            link.target.type = Terminus.UNSPECIFIED
         link.open()
         link.condition = Condition(condition, description)
         link.close()

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import pytest
 import structlog
-from proton import Collector, Condition, Delivery, Endpoint, Link, Message, Receiver, Sender, Session
+from proton import Collector, Condition, Delivery, Endpoint, Link, Message, Receiver, Sender, Session, Terminus
 
 from qpid_flow import hookimpl
 from qpid_flow.amqp.bridge import ReactorBridge
@@ -897,6 +897,10 @@ def test_an_attach_to_an_unknown_destination_is_refused_when_auto_create_is_off(
         assert link.state & Endpoint.REMOTE_CLOSED
         assert link.remote_condition.name == "amqp:not-found"
     assert [f.condition for f in client.commands("detach")] == ["amqp:not-found", "amqp:not-found"]
+    # The terminus qpid-flow did not make is null in its answer (AMQP 1.0 2.6.3): that is how
+    # a client (qpid-jms) tells a refusal from an attach that worked.
+    assert (sender.remote_target.type, sender.remote_target.address) == (Terminus.UNSPECIFIED, None)
+    assert (receiver.remote_source.type, receiver.remote_source.address) == (Terminus.UNSPECIFIED, None)
     assert client.attach_sender("orders").credit == 100
 
 
@@ -1091,3 +1095,24 @@ def test_a_consumer_drain_with_nothing_waiting_gives_the_credit_back_at_once(rig
     (flow,) = client.commands("flow", receiver)
     assert (flow.field("drain"), flow.number("link-credit"), flow.number("delivery-count")) == ("true", 0, 4)
     assert receiver.credit == 0
+
+
+def test_a_coordinator_answers_only_the_transaction_capabilities_it_has() -> None:
+    """Local transactions only: a client asking for distributed ones as well must not be
+    told it has them (it learnt at its declare, from amqp:not-implemented)."""
+    from proton import UNDESCRIBED, Array, Data, symbol
+
+    rig = Rig()
+    client = rig.connect()
+    controller = client.session.sender("controller")
+    controller.source.address = "controller"
+    controller.target.type = Terminus.COORDINATOR
+    asked = ("amqp:local-transactions", "amqp:distributed-transactions", "amqp:promotable-transactions")
+    controller.target.capabilities.put_object(Array(UNDESCRIBED, Data.SYMBOL, *map(symbol, asked)))
+    controller.open()
+    rig.pump()
+    assert controller.state & Endpoint.REMOTE_ACTIVE
+    answered = controller.remote_target.capabilities
+    answered.rewind()
+    assert answered.next() is not None
+    assert [str(s) for s in answered.get_object().elements] == ["amqp:local-transactions"]
