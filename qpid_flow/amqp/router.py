@@ -444,6 +444,13 @@ class Router(Handler):
                     and not destination.consumers
                     and destination.address not in self._dynamic_targets
                 ):
+                    # Its producers (a responder's reply link) are told, as consumers of a
+                    # deleted dynamic target are: their replies have no reader any more.
+                    address = destination.address
+                    self._detach_deleted(
+                        [link for producer, link in self._producers.values() if producer.address == address],
+                        f"{address!r} was deleted with the link that made it",
+                    )
                     self.destinations.delete(destination)
                     self._destination_gone(destination.address)
             log.debug("consumer_detached", link=consumer.id, address=consumer.address)
@@ -452,16 +459,20 @@ class Router(Handler):
         """The link that made a dynamic target went: the node goes, and the consumers
         attached to it are detached with amqp:resource-deleted."""
         del self._dynamic_targets[destination.address]
-        for consumer, link in list(self._consumers.values()):
-            if consumer.address == destination.address:
-                self._link_gone(link)
-                if link.state & Endpoint.LOCAL_ACTIVE:
-                    link.condition = Condition(
-                        "amqp:resource-deleted", f"{destination.address!r} was deleted with the link that made it"
-                    )
-                    link.close()
+        self._detach_deleted(
+            [link for consumer, link in self._consumers.values() if consumer.address == destination.address],
+            f"{destination.address!r} was deleted with the link that made it",
+        )
         self.destinations.delete(destination)
         self._destination_gone(destination.address)
+
+    def _detach_deleted(self, links: list[Link], description: str) -> None:
+        """``links`` lead to a node being deleted: each goes, closed with amqp:resource-deleted."""
+        for link in links:
+            self._link_gone(link)
+            if link.state & Endpoint.LOCAL_ACTIVE:
+                link.condition = Condition("amqp:resource-deleted", description)
+                link.close()
 
     def on_link_flow(self, event: Event) -> None:
         link = event.link

@@ -42,6 +42,10 @@ class Destinations:
         destination = self._by_address.get(address)
         if destination is not None:
             return destination
+        if address.startswith(TEMPORARY_PREFIX):
+            # Made only by a dynamic attach, and gone for good once deleted: a late reply to
+            # one would otherwise make a queue nobody can ever read, accepted and kept.
+            return None
         if not self._config.auto_create and address not in self.policies:
             return None
         destination = Destination(address, self.policy_for(address), self._hooks, memory=self._memory)

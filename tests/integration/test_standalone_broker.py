@@ -172,6 +172,39 @@ def test_request_response_through_a_dynamic_reply_queue(qpid_flow_process: Start
         server.close()
 
 
+def test_replies_to_a_deleted_reply_queue_are_refused_not_kept(qpid_flow_process: StartRouter) -> None:
+    """The requester left (its dynamic source's queue is deleted) while a responder still
+    had a link to the reply address. The responder's link is detached with
+    amqp:resource-deleted and a late reply through the relay is rejected: the name did come
+    back as an ordinary queue (auto_create), accepting replies nobody could ever read."""
+    from proton.utils import SendException
+
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(extra_args=["--admin", admin])  # auto_create on: the default
+    client = BlockingConnection(router.url, timeout=10)
+    server = BlockingConnection(router.url, timeout=10)
+    try:
+        replies = client.create_receiver(None, dynamic=True)
+        reply_to = replies.link.remote_source.address
+        responder = server.create_sender(reply_to)
+        responder.send(Message(body="first answer"))
+        assert replies.receive(timeout=10).body == "first answer"
+        replies.accept()
+        replies.close()
+        with pytest.raises(LinkDetached) as detached:
+            server.wait(lambda: False, timeout=5)
+        assert "amqp:resource-deleted" in str(detached.value)
+        with pytest.raises(SendException) as refused:
+            server.create_sender(None).send(Message(address=reply_to, body="too late"))
+        assert refused.value.state == Delivery.REJECTED
+        with pytest.raises(urllib.error.HTTPError) as gone:
+            _destination(admin, reply_to)
+        assert gone.value.code == 404
+    finally:
+        client.close()
+        server.close()
+
+
 def test_a_rhea_client_gets_replies_on_a_dynamic_queue(qpid_flow_process: StartRouter) -> None:
     """The same pattern with rhea as the client (its dynamic source), Proton as the server
     answering through the anonymous relay."""
