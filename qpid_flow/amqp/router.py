@@ -353,42 +353,49 @@ class Router(Handler):
         if destination is None:
             self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
             return
-        filters = _filters(source)
-        selector = None
-        applied: dict[Any, Any] = {}
-        for key, value in filters.items():
-            if _is_selector(value):
-                try:
-                    selector = parse_selector(str(value.value))
-                except SelectorError as exc:
-                    self._refuse_link(link, "amqp:invalid-field", f"bad selector: {exc}")
-                    return
-                applied[key] = value
+        filters = self._filters_in_force(link)
+        if filters is None:
+            return
+        selector, applied = filters
         browser = source.distribution_mode == Terminus.DIST_MODE_COPY
-        link.source.copy(source)
-        if applied != filters:
-            # The source in the answer lists the filters in force (AMQP 1.0 3.5.8): one not
-            # applied is left out, so the client can tell.
-            link.source.filter.clear()
-            if applied:
-                link.source.filter.put_object(applied)
+        _answer_source(link, applied)
         link.target.copy(link.remote_target)
         presettled = browser or link.remote_snd_settle_mode == Link.SND_SETTLED
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         link.open()
         self._start_consumer(link, destination, selector, browser)
 
+    def _filters_in_force(self, link: Link) -> tuple[Selector | None, dict[Any, Any]] | None:
+        """The selector a consumer's source asks for and the filters qpid-flow applies (only
+        a selector), or None when the selector is bad (the attach is refused)."""
+        selector = None
+        applied: dict[Any, Any] = {}
+        for key, value in _filters(link.remote_source).items():
+            if _is_selector(value):
+                try:
+                    selector = parse_selector(str(value.value))
+                except SelectorError as exc:
+                    self._refuse_link(link, "amqp:invalid-field", f"bad selector: {exc}")
+                    return None
+                applied[key] = value
+        return selector, applied
+
     def _attach_temporary(self, link: Link) -> None:
         """A dynamic source: a temporary queue of its own, named in the attach answer and
-        deleted when the link goes (the lifetime AMQP gives a dynamic node by default)."""
+        deleted when the link goes (the lifetime AMQP gives a dynamic node by default).
+        A selector on it is applied, as on any queue."""
+        filters = self._filters_in_force(link)
+        if filters is None:
+            return
+        selector, applied = filters
         destination = self.destinations.create_temporary()
-        link.source.copy(link.remote_source)
+        _answer_source(link, applied)
         link.source.address = destination.address
         link.target.copy(link.remote_target)
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         link.open()
-        self._start_consumer(link, destination)
+        self._start_consumer(link, destination, selector)
         log.debug("temporary_destination", address=destination.address, link=link.name)
 
     def _start_consumer(
@@ -922,6 +929,16 @@ def _admit(endpoint: Any, first: Any, limit: int) -> bool:
         return False
     endpoint.qf_admitted = True
     return True
+
+
+def _answer_source(link: Link, applied: dict[Any, Any]) -> None:
+    """The source in a consumer's attach answer: the client's, listing only the filters in
+    force (AMQP 1.0 3.5.8): one not applied is left out, so the client can tell."""
+    link.source.copy(link.remote_source)
+    if applied != _filters(link.remote_source):
+        link.source.filter.clear()
+        if applied:
+            link.source.filter.put_object(applied)
 
 
 def _filters(source: Terminus) -> dict[Any, Any]:

@@ -205,6 +205,26 @@ def test_replies_to_a_deleted_reply_queue_are_refused_not_kept(qpid_flow_process
         server.close()
 
 
+def test_a_selector_on_a_dynamic_source_is_applied(qpid_flow_process: StartRouter) -> None:
+    """It was echoed in the attach answer, as if in force, and every reply delivered."""
+    from proton import Timeout
+
+    router = qpid_flow_process()
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        replies = connection.create_receiver(None, dynamic=True, options=Selector("colour = 'red'"))
+        reply_to = replies.link.remote_source.address
+        answers = connection.create_sender(None)
+        for colour in ("blue", "red"):
+            answers.send(Message(address=reply_to, body=f"{colour} one", properties={"colour": colour}))
+        assert replies.receive(timeout=10).body == "red one"
+        replies.accept()
+        with pytest.raises(Timeout):
+            replies.receive(timeout=1)
+    finally:
+        connection.close()
+
+
 def test_a_rhea_client_gets_replies_on_a_dynamic_queue(qpid_flow_process: StartRouter) -> None:
     """The same pattern with rhea as the client (its dynamic source), Proton as the server
     answering through the anonymous relay."""
