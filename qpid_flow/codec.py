@@ -470,8 +470,14 @@ def selector_fields(buf: bytes) -> dict[str, Any]:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
     durable = header[0][0] if header is not None else None
     priority = header[0][1] if header is not None else None
+    delivery_count = header[0][4] if header is not None else None
     fields["JMSDeliveryMode"] = "PERSISTENT" if durable else "NON_PERSISTENT"
     fields["JMSPriority"] = priority if isinstance(priority, int) else 4
+    # As a JMS client reads the header it receives (qpid-jms: redelivered when the
+    # delivery-count is above 0); a redelivery's raised count is added by the queue.
+    count = delivery_count if isinstance(delivery_count, int) else 0
+    fields["JMSRedelivered"] = count > 0
+    fields["JMSXDeliveryCount"] = count + 1
     jms_names = {
         "message_id": "JMSMessageID",
         "correlation_id": "JMSCorrelationID",

@@ -172,8 +172,11 @@ class Message:
             except codec.MalformedMessage:
                 self._selector_fields = {}
         fields: dict[str, Any] = self._selector_fields
-        if self.delivery_count:
-            fields = {**fields, "JMSRedelivered": True, "JMSXDeliveryCount": self.delivery_count + 1}
+        if self.failed_attempts:
+            # The header this delivery will carry (``wire``): raised by the failed attempts
+            # only. A released message is not a failed attempt (AMQP 1.0 3.4.5).
+            count = fields.get("JMSXDeliveryCount", 1) + self.failed_attempts
+            fields = {**fields, "JMSRedelivered": True, "JMSXDeliveryCount": count}
         return fields
 
     def wire(self) -> bytes:

@@ -228,6 +228,31 @@ def test_selectors_route_messages_and_browsers_only_look(hooks: Hooks) -> None:
     assert dest.depth == 3  # delivered, none settled: browsing took nothing away
 
 
+def test_selectors_see_the_redelivery_the_client_will_read_in_the_header(hooks: Hooks) -> None:
+    """JMSRedelivered and JMSXDeliveryCount as the header sent says: a released message is
+    not redelivered (its header count stays 0), a failed delivery is. They counted every
+    hand-out, and a first delivery had neither (JMSRedelivered = FALSE matched nothing)."""
+    from proton import Message as ProtonMessage
+
+    from qpid_flow.core.jms_selector import parse_selector
+
+    dest, wire = make(hooks), Wire()
+    first = Consumer("q", wire.deliver)
+    dest.add_consumer(first)
+    message = Message(ProtonMessage(body="once").encode(), "q")
+    dest.enqueue(message)
+    assert parse_selector("JMSRedelivered = FALSE AND JMSXDeliveryCount = 1").matches(message.selector_fields())
+    dest.credit_changed(first, 1)
+    dest.settle(first, message, Settlement.released())
+    assert parse_selector("JMSRedelivered = FALSE AND JMSXDeliveryCount = 1").matches(message.selector_fields())
+    dest.credit_changed(first, 1)
+    dest.settle(first, message, Settlement(Outcome.MODIFIED, delivery_failed=True))
+    assert parse_selector("JMSRedelivered = TRUE AND JMSXDeliveryCount = 2").matches(message.selector_fields())
+    again = ProtonMessage()
+    again.decode(message.wire())
+    assert again.delivery_count == 1  # what the client reads: one failed attempt
+
+
 class Mirror:
     """A consumer mirrored to the broker, as its destination sees it."""
 
