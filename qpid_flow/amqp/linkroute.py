@@ -176,7 +176,8 @@ class _Backend:
         self._router.forward(destination, message, done)
 
     def consumer_attached(self, destination: Destination) -> None:
-        self.group_reader.consumer_attached(destination)
+        durability = self._router.reader_durability.get(destination.address, Terminus.NONDURABLE)
+        self.group_reader.consumer_attached(destination, durability)
 
     def consumer_detached(self, destination: Destination) -> None:
         self.group_reader.consumer_detached(destination)
@@ -212,6 +213,9 @@ class BrokerRouter(Router):
         # Address -> its node in the broker's dialect: asked for every message relayed.
         self._nodes: dict[str, Node] = {}
         self.pairs: set[_Pair] = set()
+        # Grouped destination -> the terminus durability its consumers' sources ask for
+        # (the broker accepted it for them): what qpid-flow's reader asks for too.
+        self.reader_durability: dict[str, int] = {}
         # Whether plugins want to hear of mirrored consumers' messages (the event log does):
         # if none does, no Message is built for them.
         self._observed = any(
@@ -561,6 +565,10 @@ class BrokerRouter(Router):
         elif kept(upstream, "qf_kind") == _PROBE:
             destination = self.destination_for(client.remote_source.address)
             if destination is not None:
+                # The reader asks for the node as this consumer did, and the broker took:
+                # RabbitMQ declares the queue a source names with the source's durability,
+                # and refuses a non-durable ask for a durable queue.
+                self.reader_durability[destination.address] = client.remote_source.durability
                 consumer = self._start_consumer(client, destination)
                 # Credit the client gave while the broker was answering the probe.
                 destination.credit_changed(consumer, pn_link_credit(client._impl))

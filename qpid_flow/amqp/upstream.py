@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 from cproton import PN_RELEASED, pn_link_credit
-from proton import Condition, Endpoint, Handler, Link, SSLDomain
+from proton import Condition, Endpoint, Handler, Link, SSLDomain, Terminus
 
 from qpid_flow.amqp.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, take_transfer
 from qpid_flow.amqp.guard import contain_errors
@@ -48,10 +48,11 @@ _RELEASED = Settlement.released()
 class _Receiver:
     """The shared upstream receiver of one source address."""
 
-    __slots__ = ("closing", "destination", "link")
+    __slots__ = ("closing", "destination", "durability", "link")
 
-    def __init__(self, destination: Destination) -> None:
+    def __init__(self, destination: Destination, durability: int) -> None:
         self.destination = destination
+        self.durability = durability  # the source's, as the destination's consumers ask
         self.link: Link | None = None
         self.closing = False  # detached: nothing it still receives is wanted
 
@@ -103,6 +104,10 @@ class GroupReader(Handler):
             reconnect=False,
             virtual_host=virtual_host,
             ssl_domain=self._ssl_domain if broker.scheme == "amqps" else None,
+            # With a user in the URL, sign in as that user: left to choose, Proton takes
+            # ANONYMOUS when the broker offers it (RabbitMQ does) and the URL's user and
+            # password are never checked, nor its rights used.
+            allowed_mechs="PLAIN" if broker.user is not None else None,
         )
 
     def on_connection_remote_open(self, event: Event) -> None:
@@ -169,9 +174,12 @@ class GroupReader(Handler):
 
     # --- consumers of grouped destinations ------------------------------------------------
 
-    def consumer_attached(self, destination: Destination) -> None:
+    def consumer_attached(self, destination: Destination, durability: int = Terminus.NONDURABLE) -> None:
+        """A consumer of ``destination`` came: read it, with a source of ``durability``
+        (the consumers' own: RabbitMQ refuses a source whose durability differs from the
+        queue's)."""
         if destination.address not in self._receivers:
-            receiver = self._receivers[destination.address] = _Receiver(destination)
+            receiver = self._receivers[destination.address] = _Receiver(destination, durability)
             self._open_receiver(receiver)
 
     def _open_receiver(self, receiver: _Receiver) -> None:
@@ -183,8 +191,10 @@ class GroupReader(Handler):
         session = self._connection.session()
         session.open()
         link = session.receiver(f"qpid-flow-reader-{receiver.destination.address}-{next(self._tags)}")
+        # The source only, as a client's receiver has it: RabbitMQ declares the node a
+        # target names, non-durable, which fails on a durable queue and ends the session.
         link.source.address = receiver.destination.address
-        link.target.address = receiver.destination.address
+        link.source.durability = receiver.durability
         link.open()
         link.qf_receiver = receiver
         keep_link(link)
@@ -257,6 +267,21 @@ class GroupReader(Handler):
         message.on_dequeue = functools.partial(self._settle_upstream, self.epoch, delivery)
         receiver.destination.enqueue(message, counted=False)
         self._top_up(receiver)
+
+    def on_session_remote_close(self, event: Event) -> None:
+        """The broker ended a reader's session (each receiver has its own): RabbitMQ does
+        for an error on the link (a queue that refuses the attach). Its consumers get the
+        error as for a closed link; without this they waited for messages for good."""
+        session = event.session
+        condition = session.remote_condition
+        if session.state & Endpoint.LOCAL_ACTIVE:
+            session.close()
+        if not self.connected or self.closing:
+            return
+        for receiver in list(self._receivers.values()):
+            link = receiver.link
+            if link is not None and link.session == session:
+                self._receiver_closed(receiver, link.remote_condition or condition)
 
     def on_link_remote_close(self, event: Event) -> None:
         link = event.link

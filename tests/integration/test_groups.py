@@ -255,3 +255,81 @@ def test_the_event_log_records_messages_and_groups(qpid_flow_process, tmp_path, 
     assert {r["reason"] for r in kinds["group_released"]} == {"settled"}
     consumer_ids = {r["consumer"] for r in kinds["deliver"]}
     assert len(consumer_ids) == 1 and None not in consumer_ids
+
+
+class _DurableSource:
+    """A receiver whose source asks for a durable node, as a consumer of a durable queue does."""
+
+    def apply(self, link: Any) -> None:
+        from proton import Terminus
+
+        link.source.durability = Terminus.DELIVERIES
+
+    def test(self, link: Any) -> bool:
+        return bool(link.is_receiver)
+
+
+def test_a_grouped_durable_queue_is_read_as_its_consumers_ask(rabbitmq, qpid_flow_process) -> None:
+    """qpid-flow's reader asked for every grouped queue with a non-durable source: RabbitMQ
+    refuses that for a durable queue and ends the reader's session, and the consumers
+    (attached without error) got nothing, with nothing logged."""
+    import pika
+    from proton.utils import BlockingConnection
+
+    address = unique("grouped-durable")
+    channel = pika.BlockingConnection(
+        pika.URLParameters(f"amqp://{rabbitmq.user}:{rabbitmq.password}@{rabbitmq.host}:{rabbitmq.port}/%2F")
+    ).channel()
+    channel.queue_declare(address, durable=True)
+    channel.connection.close()
+    router = qpid_flow_process(broker_url=rabbitmq.url, config_text=grouped_config(address))
+    connection = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = connection.create_sender(address, options=_DurableTarget())
+        for n in range(5):
+            sender.send(Message(body=f"m{n}", group_id="A", durable=True))
+        receiver = connection.create_receiver(address, credit=5, options=_DurableSource())
+        bodies = []
+        for _ in range(5):
+            bodies.append(receiver.receive(timeout=15).body)
+            receiver.accept()
+        assert bodies == [f"m{n}" for n in range(5)]
+    finally:
+        connection.close()
+
+
+class _DurableTarget:
+    def apply(self, link: Any) -> None:
+        from proton import Terminus
+
+        link.target.durability = Terminus.DELIVERIES
+
+    def test(self, link: Any) -> bool:
+        return bool(link.is_sender)
+
+
+def test_the_reader_signs_in_as_the_broker_user_given_and_its_refusal_reaches_consumers(
+    rabbitmq, qpid_flow_process
+) -> None:
+    """The reader of grouped destinations signed in ANONYMOUS (RabbitMQ offers it first), so
+    the --broker user's password was never checked nor its rights used. Now it signs in as
+    that user: one with no rights is refused the queue, and the consumer is told."""
+    from proton.utils import BlockingConnection, LinkDetached
+
+    user = unique("reader")
+    rabbitmq.ctl("add_user", user, "reader-secret")
+    rabbitmq.ctl("set_permissions", "-p", "/", user, "^$", "^$", "^$")  # no queue at all
+    address = unique("grouped-denied")
+    broker_url = f"amqp://{user}:reader-secret@{rabbitmq.host}:{rabbitmq.port}"
+    router = qpid_flow_process(broker_url=broker_url, config_text=grouped_config(address))
+    # The client signs in as itself (guest, who may read the queue): its own attach passes.
+    client_url = f"amqp://{rabbitmq.user}:{rabbitmq.password}@{router.url.removeprefix('amqp://')}"
+    connection = BlockingConnection(client_url, timeout=15, allowed_mechs="PLAIN")
+    try:
+        connection.create_sender(address).send(Message(body="m0", group_id="A"))
+        with pytest.raises(LinkDetached) as refused:
+            receiver = connection.create_receiver(address, credit=1)
+            receiver.receive(timeout=15)
+        assert "access" in str(refused.value).lower(), refused.value
+    finally:
+        connection.close()
