@@ -889,6 +889,27 @@ class Router(Handler):
                 link.condition = condition or Condition("amqp:internal-error", "the broker closed the link")
                 link.close()
 
+    def reader_lost_for(self, address: str, consumer_ids: set[int]) -> None:
+        """qpid-flow's own broker connection, which fed grouped destination ``address``,
+        was lost while the consumers ``consumer_ids`` held messages of it unsettled. Those
+        deliveries are void (their outcomes can reach the broker no more, and the broker
+        delivers the messages again): each such consumer's link is detached, so that no
+        client goes on processing a group that qpid-flow now gives to another."""
+        for consumer_id in consumer_ids:
+            entry = self._consumers.get(consumer_id)
+            if entry is None:
+                continue
+            _consumer, link = entry
+            self._link_gone(link)
+            if link.state & Endpoint.LOCAL_ACTIVE:
+                link.condition = Condition(
+                    "amqp:link:detach-forced",
+                    f"qpid-flow's connection to the broker was lost; the broker delivers the messages of "
+                    f"{address!r} this link held unsettled again",
+                )
+                link.close()
+        log.warning("consumers_detached_reader_lost", address=address, consumers=len(consumer_ids))
+
     # --- shutdown -----------------------------------------------------------------------
 
     def release_consumers(self) -> None:

@@ -9,7 +9,9 @@ is what the broker is told.
 
 Reconnect behaviour, chosen on purpose: the messages fetched for consumers are
 forgotten when the connection drops, since the broker delivers them again; consumers
-keep their links. The brokers of the list are tried in order, backing off from 0.1 s to
+that held some of them unsettled are detached (``amqp:link:detach-forced``: their
+outcomes can no longer reach the broker, and their groups go to whoever gets the
+messages again), the others keep their links. The brokers of the list are tried in order, backing off from 0.1 s to
 ``reconnect_max_delay`` once all have been tried.
 """
 
@@ -67,6 +69,7 @@ class GroupReader(Handler):
         config: RouterConfig,
         destinations: Destinations,
         on_link_failed: Callable[[str, bool, Condition | None], None],
+        on_holders_lost: Callable[[str, set[int]], None] | None = None,
     ) -> None:
         super().__init__()
         self._brokers = config.broker_addresses
@@ -79,6 +82,9 @@ class GroupReader(Handler):
         self._destinations = destinations
         # (address, is_sender, condition): the broker refused or closed one of our links.
         self._on_link_failed = on_link_failed
+        # (address, consumer ids): the connection went while those consumers held messages
+        # it fetched, unsettled (they must not go on as if they could still settle them).
+        self._on_holders_lost = on_holders_lost
         self._connection: Connection | None = None
         self.connected = False
         self.closing = False
@@ -149,12 +155,22 @@ class GroupReader(Handler):
         self.connected = False
         self._connection = None
         old_epoch = self.epoch
-        for receiver in self._receivers.values():
+        for receiver in list(self._receivers.values()):  # a detach below may remove one
             receiver.link = None
-            receiver.destination.upstream_credit = 0
-            dropped = receiver.destination.forget(lambda m: m.upstream_epoch == old_epoch)
+            destination = receiver.destination
+            destination.upstream_credit = 0
+            holders = {
+                consumer.id
+                for consumer in destination.consumers
+                if any(m.upstream_epoch == old_epoch for m in consumer.held.values())
+            }
+            dropped = destination.forget(lambda m: m.upstream_epoch == old_epoch)
             if dropped:
-                log.info("upstream_messages_forgotten", address=receiver.destination.address, count=dropped)
+                log.info("upstream_messages_forgotten", address=destination.address, count=dropped)
+            if holders and self._on_holders_lost is not None and not self.closing:
+                # Forgotten first: the detaches must not put those messages back in the
+                # queue, since the broker delivers them again.
+                self._on_holders_lost(destination.address, holders)
         if self.closing:
             return
         if was_connected:

@@ -7,6 +7,7 @@ consumers ever hold unsettled messages of the same group at overlapping times.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -333,3 +334,55 @@ def test_the_reader_signs_in_as_the_broker_user_given_and_its_refusal_reaches_co
         assert "access" in str(refused.value).lower(), refused.value
     finally:
         connection.close()
+
+
+def _connections_to(pid: int, port: int) -> list[int]:
+    """Local ports of process ``pid``'s established TCP connections to ``port``."""
+    listed = subprocess.run(
+        ["ss", "-tnpH", "state", "established", f"( dport = :{port} )"], capture_output=True, text=True, check=True
+    ).stdout
+    return [int(line.split()[2].rsplit(":", 1)[1]) for line in listed.splitlines() if f"pid={pid}," in line]
+
+
+def test_a_consumer_holding_a_group_is_detached_when_the_reader_connection_is_lost(rabbitmq, qpid_flow_process) -> None:
+    """qpid-flow's own connection (the reader) went while C1 held group A's messages
+    unsettled: qpid-flow forgot them (the broker delivers them again) and freed the group,
+    but C1 was not told, so C2 got group A while C1 still worked on it. Now C1's link is
+    detached (amqp:link:detach-forced), and C2 gets every message again."""
+    from proton.utils import BlockingConnection, LinkDetached
+
+    address = unique("grouped-reader-lost")
+    router = qpid_flow_process(
+        broker_url=rabbitmq.url,
+        config_text=grouped_config(address),
+        extra_args=["--disable-plugin", "rabbitmq_depth"],  # its AMQP 0-9-1 connection aside
+    )
+    # Before any client: qpid-flow's only connection to the broker is its reader.
+    deadline = time.monotonic() + 15
+    while len(readers := _connections_to(router.pid, rabbitmq.port)) != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(readers) == 1, readers
+    first = BlockingConnection(router.url, timeout=15)
+    second = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = first.create_sender(address)
+        for n in range(4):
+            sender.send(Message(body=f"a{n}", group_id="A"))
+        holder = first.create_receiver(address, credit=4)
+        assert [holder.receive(timeout=15).body for _ in range(4)] == ["a0", "a1", "a2", "a3"]  # held, unsettled
+        # A network fault on that one connection: both ends see it reset.
+        reset = ["ss", "-K", "-tn", f"( sport = :{readers[0]} and dport = :{rabbitmq.port} )"]
+        subprocess.run(reset, check=True, capture_output=True)
+        with pytest.raises(LinkDetached) as detached:
+            first.wait(lambda: False, timeout=10)
+        assert "amqp:link:detach-forced" in str(detached.value)
+        other = second.create_receiver(address, credit=4)
+        again = []
+        for _ in range(4):
+            again.append(other.receive(timeout=15).body)
+            other.accept()
+        assert again == ["a0", "a1", "a2", "a3"]
+    finally:
+        for connection in (first, second):
+            with contextlib.suppress(Exception):
+                connection.close()
