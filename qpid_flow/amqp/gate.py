@@ -194,6 +194,24 @@ class Gate:
         self._container.schedule(_ACCEPT_PAUSE, _ResumeAccepting(self._listener))
 
 
+# How long a broker of the list may take to say anything (its SASL header and mechanisms,
+# or its TLS answer) before a client's handshake tries the next one; only while another
+# remains. A broker that is up answers in milliseconds.
+SILENT_BROKER = 2.0
+
+
+class _BrokerSilence(Handler):
+    """Fires one broker's silence deadline for one handshake."""
+
+    def __init__(self, handshake: _Handshake, index: int) -> None:
+        super().__init__()
+        self._handshake = handshake
+        self._index = index
+
+    def on_timer_task(self, _event: Any) -> None:
+        self._handshake.broker_silent(self._index)
+
+
 class _Handshake:
     """One client's TLS and SASL exchange with qpid-flow and, through it, with the broker."""
 
@@ -210,6 +228,7 @@ class _Handshake:
         self.upstream: Stream | None = None
         self.upstream_sasl: ClientHandshake | None = None
         self._connected = False
+        self._answered = False  # the current broker has sent something
         self._broker_index = -1
         self._closing = False
         self._finished = False
@@ -267,6 +286,14 @@ class _Handshake:
         if not self._finished:
             log.info("handshake_timeout", remote=self._remote, deadline=self.gate._deadline)
             self._close_all()
+
+    def broker_silent(self, index: int) -> None:
+        """Broker ``index`` of the list has said nothing for ``SILENT_BROKER`` seconds: the
+        next one is tried."""
+        if self._finished or self._broker_index != index or self._answered or self.upstream is None:
+            return
+        log.warning("broker_silent", broker=self._broker.redacted, seconds=SILENT_BROKER)
+        self._contained(lambda _subject: self._connect_next(), None)
 
     @property
     def _remote(self) -> str:
@@ -410,6 +437,11 @@ class _Handshake:
                 tls = TlsChannel(self.gate._broker_tls, server_side=False, server_hostname=broker.host)
             self.upstream = Stream(self.gate._container, self, sock, tls)
             self.upstream.watch(reading=False, writing=True)  # writable: connected
+            self._answered = False
+            if self._broker_index + 1 < len(brokers):
+                # Another broker remains: one that takes the connection and says nothing
+                # (hung, overloaded, a black hole) must not cost the client its handshake.
+                self.gate._container.schedule(SILENT_BROKER, _BrokerSilence(self, self._broker_index))
             return
         # No outcome: a SASL failure reads as "authentication failed" to clients, and some
         # (qpid-jms) do not retry that; a dropped connection is what they retry, as they
@@ -454,6 +486,7 @@ class _Handshake:
             log.warning("broker_closed_handshake", broker=self._broker.redacted)
             self._connect_next()
             return
+        self._answered = True
         sasl.receive(data)
         if sasl.offered:
             self.gate.broker_offered(sasl.offered)

@@ -79,6 +79,11 @@ class GroupReader(Handler):
         self._container = container
         self._lookahead = config.consumer_lookahead
         self._max_delay = config.reconnect_max_delay
+        # A broker that takes the TCP connection and never answers (or freezes later) must
+        # not hold the reader, and grouped destinations, for good: the open has this long,
+        # and a silent broker is dropped after the idle timeout qpid-flow asks for.
+        self._open_deadline = config.sasl_timeout
+        self._heartbeat = config.idle_timeout
         self._destinations = destinations
         # (address, is_sender, condition): the broker refused or closed one of our links.
         self._on_link_failed = on_link_failed
@@ -110,11 +115,27 @@ class GroupReader(Handler):
             reconnect=False,
             virtual_host=virtual_host,
             ssl_domain=self._ssl_domain if broker.scheme == "amqps" else None,
+            heartbeat=self._heartbeat or None,
             # With a user in the URL, sign in as that user: left to choose, Proton takes
             # ANONYMOUS when the broker offers it (RabbitMQ does) and the URL's user and
             # password are never checked, nor its rights used.
             allowed_mechs="PLAIN" if broker.user is not None else None,
         )
+        if self._open_deadline:
+            self._container.schedule(self._open_deadline, _OpenDeadline(self, self.epoch))
+
+    def open_overdue(self, epoch: int) -> None:
+        """The open of connection ``epoch`` did not come in time: drop it, try the next broker."""
+        connection = self._connection
+        if epoch != self.epoch or self.connected or connection is None or self.closing:
+            return
+        log.warning(
+            "upstream_open_timeout", broker=self._brokers[self._broker_index].redacted, seconds=self._open_deadline
+        )
+        transport = connection.transport
+        if transport is not None:
+            transport.close_head()
+            transport.close_tail()  # the transport closes: _lost moves on to the next broker
 
     def on_connection_remote_open(self, event: Event) -> None:
         if event.connection != self._connection:
@@ -334,6 +355,18 @@ class GroupReader(Handler):
             self._give_back_fetched(receiver.destination)
         if self._connection is not None and self._connection.state & Endpoint.LOCAL_ACTIVE:
             self._connection.close()
+
+
+class _OpenDeadline(Handler):
+    """Fires the open deadline of one reader connection (by its epoch)."""
+
+    def __init__(self, reader: GroupReader, epoch: int) -> None:
+        super().__init__()
+        self._reader = reader
+        self._epoch = epoch
+
+    def on_timer_task(self, _event: Event) -> None:
+        self._reader.open_overdue(self._epoch)
 
 
 def _ssl_domain(config: RouterConfig) -> SSLDomain:

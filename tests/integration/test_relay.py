@@ -436,3 +436,50 @@ def test_relayed_transfers_sent_just_before_a_close_still_reach_the_broker(
         receiver = consumer.receiver(f"/queue/{queue}", credit=10)
         consumer.wait(lambda: len(receiver.received) >= 5, 10)
         assert bodies(receiver) == [0, 1, 2, 3, 4]
+
+
+def test_a_broker_that_takes_connections_and_never_answers_is_passed_over(rabbitmq, qpid_flow_process) -> None:
+    """The first broker of the list accepts TCP connections and says nothing (hung,
+    overloaded, a black hole); the second is up. qpid-flow's own connection waited on the
+    first for good (/readyz 503, grouped destinations unread), and every client handshake
+    waited on it until its deadline and was dropped, so no client ever got through. Now the
+    reader gives the open 10 s (sasl_timeout) and a client's handshake gives the broker 2 s
+    to say anything, and each moves on to the next broker."""
+    import json
+    import urllib.request
+
+    from proton.utils import BlockingConnection
+
+    from .harness.router import admin_request
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel completes the connections; nothing ever reads or writes
+    try:
+        admin = f"127.0.0.1:{free_port()}"
+        first = f"amqp://{rabbitmq.user}:{rabbitmq.password}@127.0.0.1:{silent.getsockname()[1]}"
+        router = qpid_flow_process(
+            broker_url=f"{first},{rabbitmq.url}",
+            extra_args=["--admin", admin, "--disable-plugin", "rabbitmq_depth"],
+        )
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(admin_request(admin, "/readyz"), timeout=5) as response:
+                    return bool(json.loads(response.read())["status"] == "ready")
+            except OSError:
+                return False
+
+        wait_until(ready, timeout=30)
+        address = unique("past-a-silent-broker")
+        connection = BlockingConnection(router.url, timeout=20)
+        try:
+            connection.create_sender(address).send(Message(body="through the second broker"))
+            receiver = connection.create_receiver(address, credit=1)
+            assert receiver.receive(timeout=20).body == "through the second broker"
+            receiver.accept()
+        finally:
+            connection.close()
+        assert '"broker_silent"' in router.log_text() and '"upstream_open_timeout"' in router.log_text()
+    finally:
+        silent.close()
