@@ -92,6 +92,8 @@ class _Pair:
         self.closing: tuple[Condition | None] | None = None
 
 
+# The largest transaction control message (declare, discharge) relayed: they are tiny.
+CONTROL_MESSAGE_LIMIT = 64 * 1024
 _NODE_CACHE_SIZE = 4096
 # How long an upstream connection stays open after its client left, for the transfers the
 # client sent that wait for their anonymous-relay sender's credit.
@@ -920,7 +922,10 @@ class BrokerRouter(Router):
         if link.is_receiver and kept(link, "qf_producer") is None:
             peer: Link | None = kept(link, "qf_peer")
             if peer is not None:
-                self._relay_coordinator(link, peer, event.delivery)
+                if link.remote_target.type == Terminus.COORDINATOR:
+                    self._relay_coordinator(link, peer, event.delivery)
+                else:
+                    self._transfer_before_answer(link, peer, event.delivery)
                 return
         super().on_delivery(event)
 
@@ -1017,12 +1022,48 @@ class BrokerRouter(Router):
                 destination=destination, message=message, consumer=route.consumer, settlement=settlement
             )
 
+    def _transfer_before_answer(self, link: Link, upstream: Link, delivery: LeanDelivery) -> None:
+        """A producer sent before the broker answered its attach: qpid-flow had given it no
+        credit, so the transfer is beyond it, and the link ends as any producer's does
+        (``Router._transfer_beyond_credit``). Relayed as they came, such transfers went to
+        the broker past flow control, the operator's stop, the size limit and the plugins,
+        and the client never got their outcome."""
+        delivery.settle()
+        if link.state & Endpoint.LOCAL_CLOSED:
+            return
+        log.warning("transfer_beyond_credit", connection=link.connection.qf_id, link=link.name)
+        self._link_gone(link)
+        self._link_gone(upstream)
+        if upstream.state & Endpoint.LOCAL_ACTIVE:
+            upstream.close()
+        if link.state & Endpoint.LOCAL_UNINIT:
+            link.source.copy(link.remote_source)
+            link.target.type = Terminus.UNSPECIFIED  # no node was attached for it (2.6.3)
+            link.open()
+        link.condition = Condition("amqp:link:transfer-limit-exceeded", "a transfer was sent with no link credit")
+        link.close()
+
     def _relay_coordinator(self, link: Link, upstream: Link, delivery: LeanDelivery) -> None:
         """A transaction coordinator's transfer (declare, discharge) goes to the broker as is."""
         if delivery.aborted:
             delivery.settle()
             return
         if not delivery.readable or delivery.partial:
+            if delivery.pending > CONTROL_MESSAGE_LIMIT and not link.state & Endpoint.LOCAL_CLOSED:
+                # A control message is a few dozen bytes: one that grows without end would
+                # be held here whole (a client streamed 1 GB into qpid-flow's memory).
+                delivery.settle()
+                self._link_gone(link)
+                self._link_gone(upstream)
+                if upstream.state & Endpoint.LOCAL_ACTIVE:
+                    upstream.close()
+                if link.state & Endpoint.LOCAL_UNINIT:
+                    link.open()
+                link.condition = Condition(
+                    "amqp:link:message-size-exceeded",
+                    f"a transaction control message is at most {CONTROL_MESSAGE_LIMIT} bytes",
+                )
+                link.close()
             return
         data = take_transfer(link, delivery.pending)
         sent = new_delivery(upstream, next(self._tags))
