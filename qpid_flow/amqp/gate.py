@@ -364,7 +364,13 @@ class _Handshake:
     def _signing_in(self, init: SaslInit) -> None:
         sign_in = self.gate._sign_in
         if sign_in is None:
-            self.user = claimed_user(init)
+            claimed = claimed_user(init)
+            if claimed is None:
+                # Credentials qpid-flow cannot read: the broker might sign someone in whom
+                # the ACLs would not know. Refused as the broker refuses bad credentials.
+                self._signed_in_as(None)
+                return
+            self.user = claimed
             self._connect_next()
             return
         self.client.watch(reading=False)  # nothing more is read until the outcome is out

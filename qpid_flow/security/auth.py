@@ -61,41 +61,62 @@ def parse_plain(response: bytes | None) -> tuple[str, str, str] | None:
     return authzid, authcid, password
 
 
+# AMQP 0-9-1 field-table value types as RabbitMQ reads them: fixed sizes, and those with
+# a 4-byte length before their bytes.
+_FIXED_FIELD_SIZES = {b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4, b"f": 4}
+_FIXED_FIELD_SIZES.update({b"l": 8, b"L": 8, b"d": 8, b"T": 8, b"D": 5, b"V": 0})
+_SIZED_FIELDS = (b"S", b"x", b"A", b"F")
+
+
 def parse_amqplain_login(response: bytes | None) -> str | None:
     """The LOGIN of RabbitMQ's AMQPLAIN initial response (an AMQP 0-9-1 field table's
-    entries: short-string name, type ``S``, long string); None if it has none or is malformed."""
+    entries: short-string name, type, value), read as RabbitMQ reads it: every entry of
+    every type, the first LOGIN, which must be a long string. None if it has none or the
+    table is malformed: then qpid-flow cannot tell who signs in, and refuses (an entry of
+    a type it skipped used to make it take a user RabbitMQ signed in for ``anonymous``)."""
     data = response or b""
     at = 0
+    login: str | None = None
     try:
         while at < len(data):
             size = data[at]
             name = data[at + 1 : at + 1 + size]
-            at += 1 + size
-            if data[at : at + 1] != b"S":
+            kind = data[at + 1 + size : at + 2 + size]
+            at += 2 + size
+            if kind in _SIZED_FIELDS:
+                length = int.from_bytes(data[at : at + 4], "big")
+                value = data[at + 4 : at + 4 + length]
+                if len(data[at : at + 4]) != 4 or len(value) != length:
+                    return None
+                at += 4 + length
+            elif kind in _FIXED_FIELD_SIZES:
+                value = data[at : at + _FIXED_FIELD_SIZES[kind]]
+                if len(value) != _FIXED_FIELD_SIZES[kind]:
+                    return None
+                at += len(value)
+            else:
                 return None
-            length = int.from_bytes(data[at + 1 : at + 5], "big")
-            value = data[at + 5 : at + 5 + length]
-            if len(value) != length:
-                return None
-            at += 5 + length
-            if name == b"LOGIN":
-                return value.decode("utf-8") or None
+            if name == b"LOGIN" and login is None:
+                if kind != b"S":
+                    return None
+                login = value.decode("utf-8")
     except (IndexError, UnicodeDecodeError):
         return None
-    return None
+    return login or None
 
 
-def claimed_user(init: SaslInit | None) -> str:
+def claimed_user(init: SaslInit | None) -> str | None:
     """Who a client says it is in a sasl-init relayed to a broker (PLAIN's authcid,
     AMQPLAIN's LOGIN): the broker checks the password; qpid-flow's ACLs then apply to that
-    name."""
-    user: str | None = None
+    name. ``anonymous`` for a mechanism without a user name (ANONYMOUS); None when the
+    client sent credentials qpid-flow cannot read: it must not guess the identity the
+    ACLs apply to (the gate refuses the client)."""
     if init is not None and init.mechanism == "PLAIN":
         credentials = parse_plain(init.initial_response)
-        user = None if credentials is None else credentials[1]
-    elif init is not None and init.mechanism == "AMQPLAIN":
-        user = parse_amqplain_login(init.initial_response)
-    return ANONYMOUS_USER if user is None else user
+        return None if credentials is None else credentials[1]
+    if init is not None and init.mechanism == "AMQPLAIN":
+        return parse_amqplain_login(init.initial_response)
+    return ANONYMOUS_USER
 
 
 class Authenticator:

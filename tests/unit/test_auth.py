@@ -155,4 +155,23 @@ def test_amqplain_relays_its_login_as_the_identity() -> None:
     assert claimed_user(SaslInit("AMQPLAIN", amqplain(LOGIN="alice", PASSWORD="pw"), None)) == "alice"
     for bad in (None, b"", b"\x05LOG", amqplain(PASSWORD="pw"), b"\x05LOGINX", b"\x05LOGINS\x00\x00\x00\x09ab"):
         assert parse_amqplain_login(bad) is None
-        assert claimed_user(SaslInit("AMQPLAIN", bad, None)) == "anonymous"
+        # Unreadable credentials are no one: the gate refuses them (not "anonymous").
+        assert claimed_user(SaslInit("AMQPLAIN", bad, None)) is None
+    assert claimed_user(SaslInit("PLAIN", b"no separators", None)) is None
+
+
+def test_amqplain_is_read_as_rabbitmq_reads_it_whatever_its_other_entries() -> None:
+    """An entry of a type other than a long string made the LOGIN unreadable, and the client
+    was taken for ``anonymous`` while RabbitMQ signed the real user in: the ACLs of that
+    user no longer applied (X:t=1 before LOGIN was enough)."""
+    flag = b"\x01Xt\x01"  # X: a boolean
+    number = b"\x01NI\x00\x00\x00\x07"  # N: a signed 32-bit integer
+    table = b"\x01TF\x00\x00\x00\x00"  # T: an empty table
+    for before in (flag, number, table, flag + number + table):
+        assert parse_amqplain_login(before + amqplain(LOGIN="alice", PASSWORD="pw")) == "alice"
+    # RabbitMQ takes the first LOGIN, and only as a long string.
+    assert parse_amqplain_login(amqplain(LOGIN="alice") + amqplain(LOGIN="mallory")) == "alice"
+    assert parse_amqplain_login(b"\x05LOGINI\x00\x00\x00\x01" + amqplain(PASSWORD="pw")) is None
+    # A type RabbitMQ does not know, or a truncated value: unreadable.
+    assert parse_amqplain_login(b"\x01Xq\x01" + amqplain(LOGIN="alice")) is None
+    assert parse_amqplain_login(b"\x01NI\x00\x00" + amqplain(LOGIN="alice")) is None
