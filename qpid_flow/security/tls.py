@@ -140,11 +140,15 @@ def listener_context(config: RouterConfig) -> ssl.SSLContext | None:
 
 def broker_context(config: RouterConfig) -> ssl.SSLContext:
     """The context of ``amqps://`` broker connections: the system's CAs unless
-    ``broker_tls_ca`` names others; a client certificate if one is configured."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    if config.broker_tls_ca is not None:
+    ``broker_tls_ca`` names others (instead of them: a broker pinned to a private CA must
+    not be impersonated with a certificate any public CA signed); a client certificate if
+    one is configured."""
+    if config.broker_tls_ca is None:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    else:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the name
         _load_ca(context, config.broker_tls_ca, "broker_tls_ca")
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if config.broker_tls_cert is not None and config.broker_tls_key is not None:
         _load_chain(context, config.broker_tls_cert, config.broker_tls_key, "broker_tls_cert", "broker_tls_key")
     if not config.broker_tls_verify_hostname:

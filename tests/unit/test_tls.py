@@ -127,3 +127,12 @@ def test_bad_files_refuse_to_start_naming_the_key(certificates: Certificates, tm
                 "tls_require_client_cert": True,
             }
         )
+
+
+def test_broker_tls_ca_replaces_the_system_store_rather_than_adding_to_it(certificates: Certificates) -> None:
+    """Pinning the broker to a private CA: a certificate any public CA signed for the
+    broker's name was accepted too, the system's CAs being loaded first."""
+    pinned = broker_context(build_config({"broker_tls_ca": str(certificates.ca)}))
+    assert [dict(c["subject"][0])["commonName"] for c in pinned.get_ca_certs()] == ["qpid-flow test ca"]
+    assert pinned.verify_mode == ssl.CERT_REQUIRED and pinned.check_hostname
+    assert pinned.minimum_version == ssl.TLSVersion.TLSv1_2
