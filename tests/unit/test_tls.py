@@ -133,6 +133,7 @@ def test_broker_tls_ca_replaces_the_system_store_rather_than_adding_to_it(certif
     """Pinning the broker to a private CA: a certificate any public CA signed for the
     broker's name was accepted too, the system's CAs being loaded first."""
     pinned = broker_context(build_config({"broker_tls_ca": str(certificates.ca)}))
-    assert [dict(c["subject"][0])["commonName"] for c in pinned.get_ca_certs()] == ["qpid-flow test ca"]
+    subjects = [str(c["subject"]) for c in pinned.get_ca_certs()]
+    assert len(subjects) == 1 and "qpid-flow test ca" in subjects[0], subjects
     assert pinned.verify_mode == ssl.CERT_REQUIRED and pinned.check_hostname
     assert pinned.minimum_version == ssl.TLSVersion.TLSv1_2
