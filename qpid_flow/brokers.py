@@ -136,6 +136,10 @@ def _parse_entry(entry: str) -> BrokerAddress:
         raise _Refused("must not have a query (?) or fragment (#); write them in a password as %3F and %23")
 
     authority, slash, path = entry[match.end() :].partition("/")
+    if "@" in path:
+        # A '/' in the password cut the URL short: what follows the user would read as
+        # host and port, and a refusal naming them would show part of the password.
+        raise _Refused("has '@' after a '/': write a '/' in a user name or password as %2F")
     userinfo, at, hostport = authority.rpartition("@")
     host, port = _host_port(hostport, _DEFAULT_PORTS[scheme])
     user = password = None

@@ -157,6 +157,12 @@ EXAMPLE = "amqp://user:password@host:5672"
         ("amqp://h/a/b", "entry 1 'amqp://h/a/b' has a vhost with '/' in it"),
         ("amqp://h?x=1", "entry 1 'amqp://h?x=1' must not have a query (?) or fragment (#)"),
         ("amqp://:secret@h", "entry 1 'amqp://:***@h' has a password but no user name"),
+        # A raw '/' in a password: the rest read as host and port, and the refusal showed
+        # "port 'Pa55w0rd'" (part of the password).
+        (
+            "amqp://svc:Pa55w0rd/2024@broker.example:5672",
+            "entry 1 'amqp://svc:***@broker.example:5672' has '@' after a '/': write a '/' in a user name or password",
+        ),
         ("amqp://u:p@h/%FF", "entry 1 'amqp://u:***@h/%FF' has percent-encoding that is not UTF-8"),
         (["amqp://a", 5672], "entry 2 5672 must be a string"),
         (["amqp://a,amqp://b"], "entry 1 'amqp://a,amqp://b' must not contain a comma: one URL per list item"),
