@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
-from proton import Handler, Transport, Url
+from proton import Endpoint, Handler, Transport, Url
 from proton._io import IO
 
 from qpid_flow.amqp.reactor import RelayContainer
@@ -167,6 +167,12 @@ class Gate:
         for on_result in self._probes.pop(broker, []):
             on_result(reachable)
 
+    def expect_open(self, connection: Connection, remote: str) -> None:
+        """A client signed in: its AMQP open must come within the SASL deadline too. Until
+        it opens it counts against no connection limit, and its keep-alive frames would
+        keep it past the idle timeout: it could be held for good, in any number."""
+        self._container.schedule(self._deadline, _OpenExpected(connection, remote, self._deadline))
+
     def close(self) -> None:
         """Stop accepting clients (handshakes under way finish or time out)."""
         if not self._listener.is_terminal:
@@ -192,6 +198,25 @@ class Gate:
         self._listener.reading = False
         self._listener.update()
         self._container.schedule(_ACCEPT_PAUSE, _ResumeAccepting(self._listener))
+
+
+class _OpenExpected(Handler):
+    """Drops a signed-in client that has not sent its AMQP open by its deadline."""
+
+    def __init__(self, connection: Connection, remote: str, deadline: float) -> None:
+        super().__init__()
+        self._connection = connection
+        self._remote = remote
+        self._deadline = deadline
+
+    def on_timer_task(self, _event: Any) -> None:
+        connection = self._connection
+        transport = connection.transport
+        if not connection.state & Endpoint.REMOTE_UNINIT or transport is None:
+            return  # opened in time, or gone
+        log.info("open_timeout", remote=self._remote, deadline=self._deadline)
+        transport.close_tail()
+        transport.close_head()
 
 
 # How long a broker of the list may take to say anything (its SASL header and mechanisms,
@@ -404,6 +429,7 @@ class _Handshake:
             self.gate._idle_timeout,
         )
         self.gate._on_client(connection, self.user, self.peer)
+        self.gate.expect_open(connection, self._remote)
 
     def _take_over(self, *streams: Stream) -> bool:
         """The handshake is over: its bytes out, its timer off; False if a socket failed."""
@@ -540,6 +566,7 @@ class _Handshake:
         )
         assert gate._on_pair is not None
         gate._on_pair(client, upstream_connection, broker, self.peer, self.user)
+        gate.expect_open(client, self._remote)
         if isinstance(gate._container, RelayContainer):
             # The broker's frames for this client wait in the broker while it reads slowly.
             gate._container.pace(client, upstream_connection)

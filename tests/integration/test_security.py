@@ -495,3 +495,24 @@ def test_admin_endpoint_needs_its_token_and_refuses_cross_site_requests(qpid_flo
     assert status == 200, answer
     assert _http(admin, "POST", "/v1/producers/start", everything, **right)[0] == 200
     producer.close()
+
+
+@pytest.mark.parametrize("mode", ["standalone", "broker"])
+def test_a_client_that_signs_in_and_never_opens_is_dropped(qpid_flow_process: StartRouter, request, mode: str) -> None:
+    """After SASL a client's AMQP open must come within sasl_timeout too. Connections
+    count against the limits at their open, and keep-alive frames kept one past the idle
+    timeout: 40 such clients were held for good, counted nowhere."""
+    from .harness.frames import FrameSocket
+
+    broker_url = request.getfixturevalue("rabbitmq").url if mode == "broker" else None
+    router = qpid_flow_process(broker_url=broker_url, config_text='sasl_timeout = "1s"\nidle_timeout = "2s"\n')
+    peer = FrameSocket(router.port)  # SASL ANONYMOUS done, the AMQP header sent; no open
+    empty_frame = b"\x00\x00\x00\x08\x02\x00\x00\x00"  # a keep-alive
+    deadline = time.monotonic() + 8
+    while not peer.closed_by_peer and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            peer.send(empty_frame)
+        peer.read_until(lambda: False, timeout=0.3)
+    assert peer.closed_by_peer, "a client that never opened was still connected after 8 s"
+    assert '"open_timeout"' in router.log_text()
+    peer.close()
