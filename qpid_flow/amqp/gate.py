@@ -86,9 +86,11 @@ class SignIn(Protocol):
         """The identity of a client that skips SASL, or None to refuse it."""
         ...
 
-    def sign_in(self, init: SaslInit, certificate_name: str | None, done: Callable[[str | None], None]) -> None:
-        """Check a sasl-init; call ``done`` with the identity or None (later, maybe from a
-        thread's result handed back to the reactor)."""
+    def sign_in(
+        self, init: SaslInit, certificate_name: str | None, done: Callable[[str | None], None], peer: str = ""
+    ) -> None:
+        """Check a sasl-init from host ``peer``; call ``done`` with the identity or None
+        (later, maybe from a thread's result handed back to the reactor)."""
         ...
 
 
@@ -399,7 +401,9 @@ class _Handshake:
             self._connect_next()
             return
         self.client.watch(reading=False)  # nothing more is read until the outcome is out
-        sign_in.sign_in(init, self.certificate_name, lambda user: self._contained(self._signed_in_as, user))
+        sign_in.sign_in(
+            init, self.certificate_name, lambda user: self._contained(self._signed_in_as, user), peer=self.peer[0]
+        )
 
     def _signed_in_as(self, user: str | None) -> None:
         if self.server is None:

@@ -119,6 +119,15 @@ def claimed_user(init: SaslInit | None) -> str | None:
     return ANONYMOUS_USER
 
 
+# Password checks (scrypt, about 50 ms each on a worker thread) waiting or running at once:
+# from one client host, and in all. Beyond, a sign-in is refused at once: a flood of wrong
+# passwords (600 in 0.1 s) queued 15 s of hashing, and every user not signed in before
+# waited behind it until the SASL deadline dropped them. A pool of connections opening
+# together from one host stays well under the first.
+PENDING_PER_HOST = 16
+PENDING_IN_ALL = 128
+
+
 class Authenticator:
     """The sign-in rules of standalone mode (see the module doc)."""
 
@@ -140,6 +149,8 @@ class Authenticator:
         self._key = secrets.token_bytes(32)  # keys the remembered digests to this process
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._workers = workers
+        # Password checks under way, by client host (counted on the reactor thread only).
+        self._pending: dict[str, int] = {}
         if users_file is not None:
             self._reload(first=True)
 
@@ -158,7 +169,10 @@ class Authenticator:
             return certificate_name  # TLS already said who it is
         return ANONYMOUS_USER if self._allow_anonymous else None
 
-    def sign_in(self, init: SaslInit, certificate_name: str | None, done: Callable[[str | None], None]) -> None:
+    def sign_in(
+        self, init: SaslInit, certificate_name: str | None, done: Callable[[str | None], None], peer: str = ""
+    ) -> None:
+        """``peer``: the client's host, for the limits on password checks under way."""
         mechanism = init.mechanism
         if mechanism == "ANONYMOUS" and self._allow_anonymous:
             done(ANONYMOUS_USER)
@@ -166,7 +180,7 @@ class Authenticator:
             claimed = (init.initial_response or b"").decode("utf-8", "replace")
             done(certificate_name if claimed in ("", certificate_name) else None)
         elif mechanism == "PLAIN" and self._path is not None:
-            self._plain(init.initial_response, done)
+            self._plain(init.initial_response, done, peer)
         else:
             done(None)
 
@@ -174,7 +188,7 @@ class Authenticator:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _plain(self, response: bytes | None, done: Callable[[str | None], None]) -> None:
+    def _plain(self, response: bytes | None, done: Callable[[str | None], None], peer: str = "") -> None:
         credentials = parse_plain(response)
         if credentials is None:
             done(None)
@@ -193,11 +207,22 @@ class Authenticator:
             done(name)
             return
         version = self._version
+        pending = self._pending
+        if pending.get(peer, 0) >= PENDING_PER_HOST or sum(pending.values()) >= PENDING_IN_ALL:
+            log.warning("sign_in_throttled", remote=peer or None, pending=pending.get(peer, 0))
+            done(None)
+            return
+        pending[peer] = pending.get(peer, 0) + 1
 
         def check() -> None:
             passed = users.verify(name, password)
 
             def answer() -> None:
+                left = pending.get(peer, 1) - 1
+                if left:
+                    pending[peer] = left
+                else:
+                    pending.pop(peer, None)
                 if passed and version == self._version:
                     self._passed.add(digest)
                 done(name if passed else None)
