@@ -378,6 +378,19 @@ class BrokerRouter(Router):
             transport.close_tail()
             transport.close_head()
 
+    def _refuse_link(self, link: Link, condition: str, description: str) -> None:
+        """As standalone; but on a session the broker has not begun yet, the refusal waits
+        for it: Proton sends no attach on a session not begun, and the client heard nothing
+        of an attach the ACL refused (or the link limit) before the broker's begin came."""
+        session = link.session
+        if session.state & Endpoint.LOCAL_UNINIT:
+            waiting = kept(session, "qf_refusals")
+            if waiting is None:
+                waiting = session.qf_refusals = []
+            waiting.append((link, condition, description))
+            return
+        super()._refuse_link(link, condition, description)
+
     def _pair_alive(self, conn: Connection) -> bool:
         """Whether the client of ``conn``'s pair is still served. A broker's answer (open,
         begin, attach) may arrive after the client left: then nothing may be registered for
@@ -424,6 +437,9 @@ class BrokerRouter(Router):
             for link in kept(peer, "qf_waiting") or ():
                 self._open_relay(link)
             peer.qf_waiting = None
+            for link, condition, description in kept(peer, "qf_refusals") or ():
+                super()._refuse_link(link, condition, description)
+            peer.qf_refusals = None
 
     def on_session_remote_close(self, event: Event) -> None:
         """As links: the other side is told, and this side answered when it answers."""

@@ -516,3 +516,20 @@ def test_a_client_that_signs_in_and_never_opens_is_dropped(qpid_flow_process: St
     assert peer.closed_by_peer, "a client that never opened was still connected after 8 s"
     assert '"open_timeout"' in router.log_text()
     peer.close()
+
+
+def test_an_attach_refused_before_the_broker_began_its_session_is_still_answered(
+    rabbitmq, qpid_flow_process: StartRouter
+) -> None:
+    """In front of a broker a client's session begins when the broker's begin comes back.
+    An attach the ACL refused before that was closed on a session Proton had not begun:
+    no attach or detach ever reached the client, which waited for good."""
+    from .harness.frames import FrameSocket, begin_frame, open_frame, sender_attach
+
+    router = qpid_flow_process(broker_url=rabbitmq.url, config_text='[[acl]]\nuser = "*"\nsend = ["ok.>"]\n')
+    peer = FrameSocket(router.port)
+    peer.send(open_frame(), begin_frame(), sender_attach("early", 0, "denied.q"))  # one write
+    assert peer.read_until(lambda: bool(peer.named("detach")), timeout=10), peer.received
+    assert [p.name for p in peer.received if p.name in ("begin", "attach", "detach")] == ["begin", "attach", "detach"]
+    assert peer.named("detach")[0].condition() == "amqp:unauthorized-access"
+    peer.close()
