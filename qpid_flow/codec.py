@@ -222,6 +222,24 @@ def _find_section(buf: bytes, wanted: int, pos: int = 0) -> int | None:
     return None
 
 
+def section_bounds(buf: bytes, wanted: int) -> tuple[int, int] | int:
+    """Where section ``wanted`` (e.g. 0x72, message-annotations) is in the message, its
+    descriptor included: (start, end); or, when it has none, the offset where it belongs
+    (sections come in a fixed order)."""
+    try:
+        pos, end = 0, len(buf)
+        while pos < end:
+            code, value_pos = _section_code(buf, pos)
+            if code == wanted:
+                return pos, skip(buf, value_pos)
+            if code > wanted:
+                return pos
+            pos = skip(buf, value_pos)
+        return end
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+
+
 def _guarded(read: Any) -> Any:
     """Turn any out-of-range read or bad text in a broken encoding into MalformedMessage."""
 

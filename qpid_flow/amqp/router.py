@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from cproton import pn_link_credit
-from proton import Condition, Endpoint, Handler, Link, SymbolList, Terminus, symbol
+from proton import Condition, Endpoint, Handler, Link, ProtonException, SymbolList, Terminus, symbol
 
 from qpid_flow import __version__, codec
 from qpid_flow.amqp.coordinator import Coordinator
@@ -32,6 +32,7 @@ from qpid_flow.amqp.endpoints import (
     take_transfer,
 )
 from qpid_flow.amqp.guard import contain_errors
+from qpid_flow.amqp.messages import with_message_annotations
 from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, apply_settlement, apply_transactional, remote_settlement
 from qpid_flow.core.credit import window_need
 from qpid_flow.core.jms_selector import (
@@ -534,6 +535,8 @@ class Router(Handler):
             delivery.settle()
             destination = self.destinations.find(consumer.address)
             if destination is not None:
+                if settlement.annotations and message.upstream_epoch == 0:
+                    _annotate(destination, message, settlement)
                 destination.settle(consumer, message, settlement)
                 self.backend.demand_changed(destination)
 
@@ -925,6 +928,19 @@ class Router(Handler):
             if conn.state & Endpoint.LOCAL_ACTIVE:
                 conn.condition = Condition("amqp:connection:forced", description)
                 conn.close()
+
+
+def _annotate(destination: Destination, message: Message, settlement: Settlement) -> None:
+    """A ``modified`` outcome's message-annotations go into the message for its next
+    delivery (AMQP 1.0 3.4.5), as a broker that keeps it does (Artemis does; in front of a
+    broker, the broker's own queue decides). A message qpid-flow cannot read is kept as is."""
+    if settlement.outcome is not Outcome.MODIFIED or settlement.undeliverable_here:
+        return  # undeliverable-here: it leaves, nothing to redeliver
+    try:
+        data = with_message_annotations(message.data, settlement.annotations)
+    except (codec.MalformedMessage, ProtonException):
+        return
+    destination.replace_data(message, data)
 
 
 def user_of(conn: Connection) -> str:

@@ -350,6 +350,21 @@ class Destination:
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
         self.dispatch()
 
+    def replace_data(self, message: Message, data: bytes) -> None:
+        """``message`` goes out as ``data`` from now on (annotations a ``modified`` outcome
+        added): its size, this destination's bytes and the memory meter follow."""
+        delta = len(data) - message.size
+        message.data = data
+        message.size = len(data)
+        message.properties_at = -1  # offsets into the old bytes
+        message._selector_fields = None  # JMSType may come from the annotations
+        self.bytes = max(0, self.bytes + delta)
+        if self._memory is not None:
+            if delta > 0:
+                self._memory.add(delta)
+            else:
+                self._memory.sub(-delta)
+
     def count_settled(self, outcome: Outcome) -> None:
         """Count a consumer's outcome (also called for consumers mirrored to a broker)."""
         if outcome is Outcome.ACCEPTED:

@@ -177,3 +177,31 @@ def test_the_walker_agrees_with_protons_decode_on_random_messages() -> None:
         expiries += [decoded.expiry_time] if decoded.expiry_time else []
         expiry = codec.expiry_time(data, 1000.0)
         assert expiry == pytest.approx(min(expiries)) if expiries else expiry is None
+
+
+def test_message_annotations_are_merged_keeping_every_other_byte() -> None:
+    """What a modified outcome's annotations do to a kept message: only that section is
+    encoded again; the header before it and everything after it stay byte for byte."""
+    from proton import Message as ProtonMessage
+    from proton import symbol
+
+    from qpid_flow.amqp.messages import with_message_annotations
+    from qpid_flow.codec import section_bounds
+
+    plain = ProtonMessage(body="b", durable=True, properties={"k": 1}, subject="s").encode()
+    where = section_bounds(plain, 0x72)
+    assert isinstance(where, int)  # none: the offset it belongs at (after the header)
+    merged = with_message_annotations(plain, {symbol("x-opt-a"): 1})
+    assert merged[:where] == plain[:where] and merged.endswith(plain[where:])
+    decoded = ProtonMessage()
+    decoded.decode(merged)
+    assert (decoded.annotations, decoded.body, decoded.subject, decoded.durable) == ({"x-opt-a": 1}, "b", "s", True)
+
+    annotated = ProtonMessage(body="b", annotations={"x-opt-a": 1, "x-opt-b": "keep"}).encode()
+    bounds = section_bounds(annotated, 0x72)
+    assert isinstance(bounds, tuple)
+    end = bounds[1]
+    again = with_message_annotations(annotated, {symbol("x-opt-a"): 2, symbol("x-opt-c"): True})
+    assert again.endswith(annotated[end:])
+    decoded.decode(again)
+    assert decoded.annotations == {"x-opt-a": 2, "x-opt-b": "keep", "x-opt-c": True}

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import pytest
 import structlog
-from proton import Collector, Condition, Delivery, Endpoint, Link, Message, Receiver, Sender, Session, Terminus
+from proton import Collector, Condition, Delivery, Endpoint, Link, Message, Receiver, Sender, Session, Terminus, symbol
 
 from qpid_flow import hookimpl
 from qpid_flow.amqp.bridge import ReactorBridge
@@ -1116,3 +1116,28 @@ def test_a_coordinator_answers_only_the_transaction_capabilities_it_has() -> Non
     answered.rewind()
     assert answered.next() is not None
     assert [str(s) for s in answered.get_object().elements] == ["amqp:local-transactions"]
+
+
+def test_a_modified_outcomes_annotations_go_into_the_redelivered_message() -> None:
+    """AMQP 1.0 3.4.5: the message-annotations of a modified outcome are merged into the
+    message's own for its next delivery (they were ignored). Its bytes grow, and the
+    destination's byte count follows them out again."""
+    rig = Rig()
+    client = rig.connect()
+    client.send(client.attach_sender("orders"), Message(body="order 1", annotations={"x-opt-origin": "eu"}))
+    receiver = client.attach_receiver("orders", credit=1)
+    (first,) = client.take(receiver)
+    delivery = first.delivery
+    delivery.local.failed = True
+    delivery.local.annotations = {symbol("x-opt-retry-reason"): "timeout", symbol("x-opt-origin"): "us"}
+    delivery.update(Delivery.MODIFIED)
+    delivery.settle()
+    rig.pump()
+    client.flow(receiver, 1)
+    (again,) = client.take(receiver)
+    assert again.body == "order 1" and again.message.delivery_count == 1
+    assert again.message.annotations == {"x-opt-origin": "us", "x-opt-retry-reason": "timeout"}
+    destination = rig.destination("orders")
+    assert destination.bytes > 0
+    client.accept(again)
+    assert (destination.depth, destination.bytes, rig.memory.held) == (0, 0, 0)
