@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import socket
 import ssl
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -124,6 +125,9 @@ class Gate:
         self._brokers = brokers or []
         self._broker_tls = broker_tls
         self._on_pair = on_pair
+        # Signed-in clients whose AMQP open has not come yet: (deadline, connection, remote).
+        self._awaiting_open: list[tuple[float, Connection, str]] = []
+        self._sweeping = False
         self._deadline = deadline
         self._idle_timeout = idle_timeout
         sock = IO.listen(host, port)
@@ -172,8 +176,33 @@ class Gate:
     def expect_open(self, connection: Connection, remote: str) -> None:
         """A client signed in: its AMQP open must come within the SASL deadline too. Until
         it opens it counts against no connection limit, and its keep-alive frames would
-        keep it past the idle timeout: it could be held for good, in any number."""
-        self._container.schedule(self._deadline, _OpenExpected(connection, remote, self._deadline))
+        keep it past the idle timeout: it could be held for good, in any number.
+
+        Checked by one sweep every ``OPEN_SWEEP`` seconds, which lets go of a connection
+        once it opened or went: a timer per connection held each for the whole deadline
+        (4 KiB a connection under the fuzzer's churn)."""
+        self._awaiting_open.append((time.monotonic() + self._deadline, connection, remote))
+        if not self._sweeping:
+            self._sweeping = True
+            self._container.schedule(OPEN_SWEEP, _OpenSweep(self))
+
+    def sweep_awaiting_open(self) -> None:
+        now = time.monotonic()
+        waiting = []
+        for deadline, connection, remote in self._awaiting_open:
+            transport = connection.transport
+            if not connection.state & Endpoint.REMOTE_UNINIT or transport is None or transport.closed:
+                continue  # opened, or gone (or going: its close event is on its way)
+            if now < deadline:
+                waiting.append((deadline, connection, remote))
+                continue
+            log.info("open_timeout", remote=remote, deadline=self._deadline)
+            transport.close_tail()
+            transport.close_head()
+        self._awaiting_open = waiting
+        self._sweeping = bool(waiting)
+        if waiting:
+            self._container.schedule(OPEN_SWEEP, _OpenSweep(self))
 
     def close(self) -> None:
         """Stop accepting clients (handshakes under way finish or time out)."""
@@ -202,23 +231,17 @@ class Gate:
         self._container.schedule(_ACCEPT_PAUSE, _ResumeAccepting(self._listener))
 
 
-class _OpenExpected(Handler):
-    """Drops a signed-in client that has not sent its AMQP open by its deadline."""
+# How often the signed-in clients that have not opened yet are checked (Gate.expect_open).
+OPEN_SWEEP = 0.5
 
-    def __init__(self, connection: Connection, remote: str, deadline: float) -> None:
+
+class _OpenSweep(Handler):
+    def __init__(self, gate: Gate) -> None:
         super().__init__()
-        self._connection = connection
-        self._remote = remote
-        self._deadline = deadline
+        self._gate = gate
 
     def on_timer_task(self, _event: Any) -> None:
-        connection = self._connection
-        transport = connection.transport
-        if not connection.state & Endpoint.REMOTE_UNINIT or transport is None:
-            return  # opened in time, or gone
-        log.info("open_timeout", remote=self._remote, deadline=self._deadline)
-        transport.close_tail()
-        transport.close_head()
+        self._gate.sweep_awaiting_open()
 
 
 # How long a broker of the list may take to say anything (its SASL header and mechanisms,
@@ -570,7 +593,6 @@ class _Handshake:
         )
         assert gate._on_pair is not None
         gate._on_pair(client, upstream_connection, broker, self.peer, self.user)
-        gate.expect_open(client, self._remote)
         if isinstance(gate._container, RelayContainer):
             # The broker's frames for this client wait in the broker while it reads slowly.
             gate._container.pace(client, upstream_connection)

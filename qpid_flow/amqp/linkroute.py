@@ -1124,7 +1124,7 @@ def _forget_endpoints(conn: Connection) -> None:
         link = link.next(0)
     session = conn.session_head(0)
     while session is not None:
-        for name in ("qf_peer", "qf_waiting"):
+        for name in ("qf_peer", "qf_waiting", "qf_refusals"):
             if kept(session, name) is not None:
                 setattr(session, name, None)
         session = session.next(0)

@@ -187,6 +187,20 @@ class BatchingIOHandler(IOHandler):
         transport = event.transport
         self._dirty[transport._impl] = transport
 
+    def on_transport_closed(self, event: Any) -> None:
+        """Proton's, for a transport it still knows: a second close event for one already
+        unbound (a close asked for while its first close event waited in the queue) has
+        lost the selectable Proton's handler reads, and its AttributeError ended the
+        process (found by the fuzzer with the open deadline)."""
+        transport = event.transport
+        if transport is None:
+            return
+        if kept(transport, "_selectable") is None or kept(transport, "_reactor") is None:
+            if transport.connection is not None:
+                transport.unbind()
+            return
+        super().on_transport_closed(event)
+
     def mark_dirty(self, transport_impl: Any) -> None:
         """The same, from a raw transport pointer."""
         if transport_impl in self._dirty:

@@ -133,7 +133,7 @@ class GroupReader(Handler):
             "upstream_open_timeout", broker=self._brokers[self._broker_index].redacted, seconds=self._open_deadline
         )
         transport = connection.transport
-        if transport is not None:
+        if transport is not None and not transport.closed:
             transport.close_head()
             transport.close_tail()  # the transport closes: _lost moves on to the next broker
 

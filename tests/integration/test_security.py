@@ -497,15 +497,15 @@ def test_admin_endpoint_needs_its_token_and_refuses_cross_site_requests(qpid_flo
     producer.close()
 
 
-@pytest.mark.parametrize("mode", ["standalone", "broker"])
-def test_a_client_that_signs_in_and_never_opens_is_dropped(qpid_flow_process: StartRouter, request, mode: str) -> None:
-    """After SASL a client's AMQP open must come within sasl_timeout too. Connections
-    count against the limits at their open, and keep-alive frames kept one past the idle
-    timeout: 40 such clients were held for good, counted nowhere."""
+def test_a_client_that_signs_in_and_never_opens_is_dropped(qpid_flow_process: StartRouter) -> None:
+    """Standalone, after SASL a client's AMQP open must come within sasl_timeout too.
+    Connections count against the limits at their open, and keep-alive frames kept one
+    past the idle timeout: 40 such clients were held for good, counted nowhere. (In front
+    of a broker the broker's own handshake timeout ends the client's upstream connection,
+    and with it the client's.)"""
     from .harness.frames import FrameSocket
 
-    broker_url = request.getfixturevalue("rabbitmq").url if mode == "broker" else None
-    router = qpid_flow_process(broker_url=broker_url, config_text='sasl_timeout = "1s"\nidle_timeout = "2s"\n')
+    router = qpid_flow_process(config_text='sasl_timeout = "1s"\nidle_timeout = "2s"\n')
     peer = FrameSocket(router.port)  # SASL ANONYMOUS done, the AMQP header sent; no open
     empty_frame = b"\x00\x00\x00\x08\x02\x00\x00\x00"  # a keep-alive
     deadline = time.monotonic() + 8
