@@ -17,14 +17,6 @@ from .harness.frames import FrameSocket, begin_frame, frame, open_frame, sender_
 pytestmark = pytest.mark.integration
 
 
-def resident_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
 def test_transfers_sent_with_the_attach_end_the_link_and_never_reach_the_broker(rabbitmq, qpid_flow_process) -> None:
     """Until the broker answers a producer's attach, qpid-flow has given it no credit. Sent
     in the same write as the attach, its transfers were relayed as they came: past an
@@ -57,7 +49,7 @@ def test_a_control_message_that_never_ends_ends_its_link_not_the_memory(rabbitmq
     source = Described(ulong(0x28), [None])
     coordinator = Described(ulong(0x30), [[symbol("amqp:local-transactions")]])
     peer.send(frame(0x12, ["controller", uint(0), False, ubyte(0), ubyte(0), source, coordinator, None, None, uint(0)]))
-    before = resident_bytes(router.pid)
+    before = router.resident_bytes()
     piece = b"x" * 30_000
     start = b"\x00\x53\x75\xb0" + (30_000).to_bytes(4, "big") + piece  # a data section, never finished
     try:
@@ -72,7 +64,7 @@ def test_a_control_message_that_never_ends_ends_its_link_not_the_memory(rabbitmq
     ended = [(p.name, p.condition()) for p in peer.received if p.name in ("detach", "end")]
     assert ended and ended[0] in (("detach", "amqp:link:message-size-exceeded"), ("end", "amqp:not-implemented"))
     time.sleep(0.5)
-    grown = resident_bytes(router.pid) - before
+    grown = router.resident_bytes() - before
     assert grown < 50 * 2**20, f"qpid-flow grew by {grown >> 20} MiB for 100 MiB of one unfinished control message"
     peer.close()
     # Other clients carry on.

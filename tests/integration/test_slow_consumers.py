@@ -28,14 +28,6 @@ COUNT = 300
 SIZE = 256 * 1024  # 300 x 256 KiB: 75 MiB asked for at once
 
 
-def resident_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
 def delivered_to(admin: str, container: str) -> int:
     """Messages qpid-flow has sent on the consumer links of the client ``container``."""
     with urllib.request.urlopen(admin_request(admin, "/v1/connections"), timeout=10) as response:
@@ -74,7 +66,7 @@ def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(rabbitmq
     address = unique_address("stalled")
     send_messages(rabbitmq.url, address, numbered_messages(COUNT, size=SIZE), timeout=120)
 
-    before = resident_bytes(router.pid)
+    before = router.resident_bytes()
     client = RawClient(urlsplit(router.url).port or 5672, receive_buffer=4096)
     try:
         connection = client.connection
@@ -97,7 +89,7 @@ def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(rabbitmq
         peak = before
         deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
-            peak = max(peak, resident_bytes(router.pid))
+            peak = max(peak, router.resident_bytes())
             time.sleep(0.2)
         sent = delivered_to(admin, "stalled-consumer")
         assert sent < COUNT // 3, f"qpid-flow sent {sent} of {COUNT} messages to a consumer that reads nothing"
