@@ -1048,15 +1048,23 @@ class BrokerRouter(Router):
         if link.state & Endpoint.LOCAL_CLOSED:
             return
         log.warning("transfer_beyond_credit", connection=link.connection.qf_id, link=link.name)
+        condition = Condition("amqp:link:transfer-limit-exceeded", "a transfer was sent with no link credit")
+        self._end_both(link, upstream, condition, null_target=True)
+
+    def _end_both(self, link: Link, upstream: Link, condition: Condition, null_target: bool = False) -> None:
+        """End a client's link (with ``condition``) and its mirror upstream, before the
+        broker's answer was relayed: the client's link is answered first if it was not
+        (``null_target``: with no target, as no node was attached for it, AMQP 1.0 2.6.3)."""
         self._link_gone(link)
         self._link_gone(upstream)
         if upstream.state & Endpoint.LOCAL_ACTIVE:
             upstream.close()
         if link.state & Endpoint.LOCAL_UNINIT:
-            link.source.copy(link.remote_source)
-            link.target.type = Terminus.UNSPECIFIED  # no node was attached for it (2.6.3)
+            if null_target:
+                link.source.copy(link.remote_source)
+                link.target.type = Terminus.UNSPECIFIED
             link.open()
-        link.condition = Condition("amqp:link:transfer-limit-exceeded", "a transfer was sent with no link credit")
+        link.condition = condition
         link.close()
 
     def _relay_coordinator(self, link: Link, upstream: Link, delivery: LeanDelivery) -> None:
@@ -1069,17 +1077,8 @@ class BrokerRouter(Router):
                 # A control message is a few dozen bytes: one that grows without end would
                 # be held here whole (a client streamed 1 GB into qpid-flow's memory).
                 delivery.settle()
-                self._link_gone(link)
-                self._link_gone(upstream)
-                if upstream.state & Endpoint.LOCAL_ACTIVE:
-                    upstream.close()
-                if link.state & Endpoint.LOCAL_UNINIT:
-                    link.open()
-                link.condition = Condition(
-                    "amqp:link:message-size-exceeded",
-                    f"a transaction control message is at most {CONTROL_MESSAGE_LIMIT} bytes",
-                )
-                link.close()
+                limit = f"a transaction control message is at most {CONTROL_MESSAGE_LIMIT} bytes"
+                self._end_both(link, upstream, Condition("amqp:link:message-size-exceeded", limit))
             return
         data = take_transfer(link, delivery.pending)
         sent = new_delivery(upstream, next(self._tags))
