@@ -354,10 +354,7 @@ class Destination:
         """``message`` goes out as ``data`` from now on (annotations a ``modified`` outcome
         added): its size, this destination's bytes and the memory meter follow."""
         delta = len(data) - message.size
-        message.data = data
-        message.size = len(data)
-        message.properties_at = -1  # offsets into the old bytes
-        message._selector_fields = None  # JMSType may come from the annotations
+        message.replace_data(data)
         self.bytes = max(0, self.bytes + delta)
         if self._memory is not None:
             if delta > 0:

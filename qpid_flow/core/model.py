@@ -179,6 +179,14 @@ class Message:
             fields = {**fields, "JMSRedelivered": True, "JMSXDeliveryCount": count}
         return fields
 
+    def replace_data(self, data: bytes) -> None:
+        """The message is ``data`` from now on (a broker's own change to a message it keeps,
+        e.g. annotations merged): what was read from the old bytes is read again."""
+        self.data = data
+        self.size = len(data)
+        self.properties_at = -1  # offsets into the old bytes
+        self._selector_fields = None  # JMSType may come from the annotations
+
     def wire(self) -> bytes:
         """The bytes to send a consumer now: as received, but a redelivery says so in its
         header (delivery-count, first-acquirer). Decoded only for redeliveries."""
