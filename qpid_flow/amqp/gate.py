@@ -23,6 +23,7 @@ within ``deadline`` seconds is dropped.
 from __future__ import annotations
 
 import errno
+import functools
 import socket
 import ssl
 import time
@@ -35,6 +36,7 @@ from proton._io import IO
 
 from qpid_flow.amqp.reactor import RelayContainer
 from qpid_flow.amqp.streams import Stream, bind_transport, new_selectable
+from qpid_flow.amqp.timers import Call
 from qpid_flow.security.access import ANONYMOUS_USER
 from qpid_flow.security.auth import claimed_user
 from qpid_flow.security.sasl import (
@@ -184,7 +186,7 @@ class Gate:
         self._awaiting_open.append((time.monotonic() + self._deadline, connection, remote))
         if not self._sweeping:
             self._sweeping = True
-            self._container.schedule(OPEN_SWEEP, _OpenSweep(self))
+            self._container.schedule(OPEN_SWEEP, Call(self.sweep_awaiting_open))
 
     def sweep_awaiting_open(self) -> None:
         now = time.monotonic()
@@ -202,7 +204,7 @@ class Gate:
         self._awaiting_open = waiting
         self._sweeping = bool(waiting)
         if waiting:
-            self._container.schedule(OPEN_SWEEP, _OpenSweep(self))
+            self._container.schedule(OPEN_SWEEP, Call(self.sweep_awaiting_open))
 
     def close(self) -> None:
         """Stop accepting clients (handshakes under way finish or time out)."""
@@ -235,31 +237,10 @@ class Gate:
 OPEN_SWEEP = 0.5
 
 
-class _OpenSweep(Handler):
-    def __init__(self, gate: Gate) -> None:
-        super().__init__()
-        self._gate = gate
-
-    def on_timer_task(self, _event: Any) -> None:
-        self._gate.sweep_awaiting_open()
-
-
 # How long a broker of the list may take to say anything (its SASL header and mechanisms,
 # or its TLS answer) before a client's handshake tries the next one; only while another
 # remains. A broker that is up answers in milliseconds.
 SILENT_BROKER = 2.0
-
-
-class _BrokerSilence(Handler):
-    """Fires one broker's silence deadline for one handshake."""
-
-    def __init__(self, handshake: _Handshake, index: int) -> None:
-        super().__init__()
-        self._handshake = handshake
-        self._index = index
-
-    def on_timer_task(self, _event: Any) -> None:
-        self._handshake.broker_silent(self._index)
 
 
 class _Handshake:
@@ -500,7 +481,8 @@ class _Handshake:
             if self._broker_index + 1 < len(brokers):
                 # Another broker remains: one that takes the connection and says nothing
                 # (hung, overloaded, a black hole) must not cost the client its handshake.
-                self.gate._container.schedule(SILENT_BROKER, _BrokerSilence(self, self._broker_index))
+                silent = functools.partial(self.broker_silent, self._broker_index)
+                self.gate._container.schedule(SILENT_BROKER, Call(silent))
             return
         # No outcome: a SASL failure reads as "authentication failed" to clients, and some
         # (qpid-jms) do not retry that; a dropped connection is what they retry, as they

@@ -28,6 +28,7 @@ from qpid_flow.amqp.gate import Gate
 from qpid_flow.amqp.linkroute import BrokerRouter
 from qpid_flow.amqp.reactor import RelayContainer
 from qpid_flow.amqp.router import Router
+from qpid_flow.amqp.timers import Call
 from qpid_flow.amqp.upstream import GroupReader
 from qpid_flow.config import RouterConfig, declared_settings
 from qpid_flow.core.backend import Backend
@@ -150,7 +151,7 @@ class Server(Handler):
         log.info("stopped")
 
     def _schedule(self, delay: float, callback: Callable[[], Any]) -> None:
-        self.container.schedule(delay, _Timer(callback))
+        self.container.schedule(delay, Call(callback))
 
     def readiness(self) -> tuple[bool, str]:
         """Ready: listening for clients, not shutting down, and (in front of a broker)
@@ -255,17 +256,6 @@ class _Housekeeping(Handler):
         if self._idle_timeout:
             self._destinations.forget_idle(time.monotonic(), self._idle_timeout, self._busy)
         self._container.schedule(_HOUSEKEEPING_INTERVAL, self)
-
-
-class _Timer(Handler):
-    """A plugin's timer (:meth:`RouterControl.schedule`)."""
-
-    def __init__(self, callback: Callable[[], Any]) -> None:
-        super().__init__()
-        self._callback = callback
-
-    def on_timer_task(self, _event: Any) -> None:
-        self._callback()
 
 
 class _Stop(Handler):

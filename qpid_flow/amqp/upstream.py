@@ -29,6 +29,7 @@ from proton import Condition, Endpoint, Handler, Link, SSLDomain, Terminus
 from qpid_flow.amqp.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, take_transfer
 from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.outcomes import apply_settlement
+from qpid_flow.amqp.timers import Call
 from qpid_flow.core.model import Message, Settlement
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class GroupReader(Handler):
             allowed_mechs="PLAIN" if broker.user is not None else None,
         )
         if self._open_deadline:
-            self._container.schedule(self._open_deadline, _OpenDeadline(self, self.epoch))
+            self._container.schedule(self._open_deadline, Call(functools.partial(self.open_overdue, self.epoch)))
 
     def open_overdue(self, epoch: int) -> None:
         """The open of connection ``epoch`` did not come in time: drop it, try the next broker."""
@@ -355,18 +356,6 @@ class GroupReader(Handler):
             self._give_back_fetched(receiver.destination)
         if self._connection is not None and self._connection.state & Endpoint.LOCAL_ACTIVE:
             self._connection.close()
-
-
-class _OpenDeadline(Handler):
-    """Fires the open deadline of one reader connection (by its epoch)."""
-
-    def __init__(self, reader: GroupReader, epoch: int) -> None:
-        super().__init__()
-        self._reader = reader
-        self._epoch = epoch
-
-    def on_timer_task(self, _event: Event) -> None:
-        self._reader.open_overdue(self._epoch)
 
 
 def _ssl_domain(config: RouterConfig) -> SSLDomain:
