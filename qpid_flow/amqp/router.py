@@ -412,6 +412,7 @@ class Router(Handler):
             connection_id=link.connection.qf_id,
             selector=selector,
             browser=browser,
+            max_size=link.remote_max_message_size or 0,
         )
         link.qf_consumer = consumer
         keep_link(link)

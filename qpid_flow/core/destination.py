@@ -37,7 +37,7 @@ BROKER_EXCESS_SETTLE = 1.0
 RING_DROPPED = Settlement(Outcome.REJECTED, "qpid-flow:ring-dropped", "dropped to make room on a ring destination")
 PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator")
 DELETED = Settlement(Outcome.REJECTED, "qpid-flow:deleted", "its destination was deleted")
-_NO_SELECTOR_MATCHES = Hold("no ready consumer's selector matches it")
+_NO_CONSUMER_TAKES_IT = Hold("no ready consumer takes it (selector, max-message-size)")
 EXPIRED = Settlement(Outcome.REJECTED, "qpid-flow:expired", "its time to live ran out before it was delivered")
 
 
@@ -77,7 +77,7 @@ class Destination:
         self._memory = memory
         # Waiting for a consumer; a plugin may install another kind (message groups).
         self._turn = 0
-        self._selective = 0  # consumers with a selector: only then are messages decoded for them
+        self._selective = 0  # consumers with a selector or a size limit: only then is each message checked
         self.browsers: list[Consumer] = []  # distribution-mode copy: they see, others take
         self.queue: MessageQueue = FifoQueue(self.queue_select, lookahead)
         self.consumers: list[Consumer] = []
@@ -129,13 +129,13 @@ class Destination:
 
     def queue_select(self, *, destination: Destination, message: Message, consumers: list[Consumer]) -> Any:
         """The consumer-selection hook, as queues call it (plugins' queues too). ``None``
-        from every plugin is no opinion: the consumers take turns. Consumers whose
-        selector does not match the message are not offered it."""
+        from every plugin is no opinion: the consumers take turns. Consumers that do not
+        take the message (:meth:`Consumer.takes`: selector, max-message-size) are not
+        offered it."""
         if self._selective:
-            fields = message.selector_fields()
-            consumers = [c for c in consumers if c.selector is None or c.selector.matches(fields)]
+            consumers = [c for c in consumers if c.takes(message)]
             if not consumers:
-                return _NO_SELECTOR_MATCHES
+                return _NO_CONSUMER_TAKES_IT
         choice = self._hooks.consumer_select(destination=destination, message=message, consumers=consumers)
         if choice is None:
             self._turn += 1
@@ -227,7 +227,7 @@ class Destination:
             self.browsers.append(consumer)
             self._hooks.consumer_attached(consumer=consumer, destination=self)
             return
-        if consumer.selector is not None:
+        if consumer.choosy:
             self._selective += 1
         self.consumers.append(consumer)
         self._hooks.consumer_attached(consumer=consumer, destination=self)
@@ -241,7 +241,7 @@ class Destination:
             return
         if consumer in self.consumers:
             self.consumers.remove(consumer)
-            if consumer.selector is not None:
+            if consumer.choosy:
                 self._selective -= 1
         consumer.credit = 0
         self.release_held(consumer)
@@ -290,7 +290,7 @@ class Destination:
             browser.browse_after = message.sequence
             if message.expires is not None and message.expires <= now:
                 continue
-            if browser.selector is not None and not browser.selector.matches(message.selector_fields()):
+            if browser.choosy and not browser.takes(message):
                 continue
             browser.credit -= 1
             browser.deliver(browser, message)

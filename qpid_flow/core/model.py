@@ -190,7 +190,15 @@ class Message:
     def wire(self) -> bytes:
         """The bytes to send a consumer now: as received, but a redelivery says so in its
         header (delivery-count, first-acquirer). Decoded only for redeliveries."""
-        if self.delivery_count <= 1:
+        return self._wire_at(self.delivery_count)
+
+    def next_wire_size(self) -> int:
+        """How many bytes its next delivery puts on the wire (:meth:`wire` once it is
+        counted delivered once more): a redelivery's header may be longer."""
+        return self.size if self.delivery_count == 0 else len(self._wire_at(self.delivery_count + 1))
+
+    def _wire_at(self, delivery_count: int) -> bytes:
+        if delivery_count <= 1:
             return self.data
         try:
             return codec.redelivered(self.data, self.failed_attempts)
@@ -250,6 +258,7 @@ class Consumer:
         "delivered",
         "held",
         "id",
+        "max_size",
         "name",
         "presettled",
         "selector",
@@ -264,6 +273,7 @@ class Consumer:
         connection_id: str = "",
         selector: Any = None,
         browser: bool = False,
+        max_size: int = 0,
     ) -> None:
         self.id = next_link_id()
         self.address = address
@@ -281,6 +291,22 @@ class Consumer:
         # browse_after is the sequence number of the last message it saw.
         self.browser = browser
         self.browse_after = 0
+        # The link's max-message-size (0: none). A larger message must not be sent to it
+        # (AMQP 1.0 2.7.3; the receiver may end the link with message-size-exceeded): it
+        # waits for a consumer that takes it, as for a selector that does not match.
+        self.max_size = max_size
+
+    @property
+    def choosy(self) -> bool:
+        """Whether some messages are not for it (a selector, or a size limit)."""
+        return self.selector is not None or self.max_size > 0
+
+    def takes(self, message: Message) -> bool:
+        """Whether ``message`` may go to it: its selector (if any) matches, and the message
+        fits in its max-message-size (if any)."""
+        if self.max_size and message.next_wire_size() > self.max_size:
+            return False
+        return self.selector is None or self.selector.matches(message.selector_fields())
 
     def __repr__(self) -> str:
         return f"<Consumer {self.id} of {self.address!r} credit={self.credit} held={len(self.held)}>"

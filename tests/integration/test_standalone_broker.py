@@ -12,7 +12,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from proton import Delivery, Message, symbol
+from proton import Delivery, Message, Timeout, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, Copy, LinkOption, Selector
 from proton.utils import BlockingConnection, LinkDetached
@@ -207,7 +207,6 @@ def test_replies_to_a_deleted_reply_queue_are_refused_not_kept(qpid_flow_process
 
 def test_a_selector_on_a_dynamic_source_is_applied(qpid_flow_process: StartRouter) -> None:
     """It was echoed in the attach answer, as if in force, and every reply delivered."""
-    from proton import Timeout
 
     router = qpid_flow_process()
     connection = BlockingConnection(router.url, timeout=10)
@@ -397,3 +396,36 @@ def test_one_off_names_are_forgotten_and_memory_stays_flat(qpid_flow_process: St
             time.sleep(1)
         peaks.append(router.peak_resident_bytes())
     assert max(peaks[1:]) <= peaks[0] * 1.10, f"peak resident bytes after each round: {peaks}"
+
+
+class _MaxMessageSize(LinkOption):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def apply(self, link: Any) -> None:
+        link.max_message_size = self.size
+
+
+def test_a_consumer_is_not_sent_a_message_larger_than_its_max_message_size(
+    qpid_flow_process: StartRouter,
+) -> None:
+    """AMQP 1.0 2.7.3: the sender must not send it (a receiver may end the link with
+    amqp:link:message-size-exceeded). qpid-flow sent it. The large message now waits for
+    a consumer that takes it; the small ones behind it go on."""
+    router = qpid_flow_process()
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender("sized")
+        sender.send(Message(body="L" * 5000))
+        sender.send(Message(body="small"))
+        limited = connection.create_receiver("sized", credit=10, options=_MaxMessageSize(1000))
+        assert limited.receive(timeout=10).body == "small"
+        limited.accept()
+        with pytest.raises(Timeout):
+            limited.receive(timeout=1)
+        anyone = connection.create_receiver("sized", name="anyone")
+        assert anyone.receive(timeout=10).body == "L" * 5000
+        anyone.accept()
+        assert limited.link.state & limited.link.REMOTE_ACTIVE  # still attached
+    finally:
+        connection.close()

@@ -253,6 +253,61 @@ def test_selectors_see_the_redelivery_the_client_will_read_in_the_header(hooks: 
     assert again.delivery_count == 1  # what the client reads: one failed attempt
 
 
+def test_a_message_larger_than_a_consumers_max_message_size_goes_to_another(hooks: Hooks) -> None:
+    """AMQP 1.0 2.7.3: a sender must not send a message larger than the receiver's
+    max-message-size (the client's library would end the link). It waits for a consumer
+    that takes it, and the messages behind it go on."""
+    dest, wire = make(hooks), Wire()
+    small = Consumer("q", wire.deliver, max_size=100)
+    dest.add_consumer(small)
+    dest.credit_changed(small, 10)
+    dest.enqueue(Message(b"x" * 500, "q"))
+    dest.enqueue(Message(b"y" * 100, "q"))  # exactly the limit: fits
+    assert [(c, m.size) for c, m in wire.sent] == [(small.id, 100)]
+    assert len(dest.queue) == 1
+    anyone = Consumer("q", wire.deliver)
+    dest.add_consumer(anyone)
+    dest.credit_changed(anyone, 10)
+    assert [(c, m.size) for c, m in wire.sent][1:] == [(anyone.id, 500)]
+
+
+def test_a_browser_sees_only_the_messages_its_max_message_size_allows(hooks: Hooks) -> None:
+    dest, wire = make(hooks), Wire()
+    browser = Consumer("q", wire.deliver, presettled=True, browser=True, max_size=100)
+    dest.add_consumer(browser)
+    dest.credit_changed(browser, 10)
+    dest.enqueue(Message(b"x" * 500, "q"))
+    dest.enqueue(Message(b"y" * 50, "q"))
+    assert [m.size for _, m in wire.sent] == [50]
+    assert len(dest.queue) == 2  # browsing takes nothing away
+
+
+def test_a_redelivery_is_measured_with_the_header_it_will_carry(hooks: Hooks) -> None:
+    """A failed delivery comes back with a header saying so: a message that fitted the
+    first time may not any more."""
+    from proton import Message as ProtonMessage
+
+    dest, wire = make(hooks), Wire()
+    first = Consumer("q", wire.deliver)
+    dest.add_consumer(first)
+    message = Message(ProtonMessage(body="b" * 50).encode(), "q")
+    dest.enqueue(message)
+    dest.credit_changed(first, 1)
+    dest.settle(first, message, Settlement(Outcome.MODIFIED, delivery_failed=True))
+    redelivered = message.next_wire_size()
+    assert redelivered > message.size
+    tight = Consumer("q", wire.deliver, max_size=message.size)
+    dest.remove_consumer(first)
+    dest.add_consumer(tight)
+    dest.credit_changed(tight, 1)
+    assert [c for c, _ in wire.sent] == [first.id]  # not sent: it no longer fits
+    roomy = Consumer("q", wire.deliver, max_size=redelivered)
+    dest.add_consumer(roomy)
+    dest.credit_changed(roomy, 1)
+    assert [c for c, _ in wire.sent] == [first.id, roomy.id]
+    assert len(message.wire()) == redelivered
+
+
 class Mirror:
     """A consumer mirrored to the broker, as its destination sees it."""
 

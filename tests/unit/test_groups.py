@@ -387,3 +387,26 @@ def test_selectors_hold_with_groups(sole_consumer_shortcut: bool) -> None:
     assert names(wire, red) == ["a1"]  # a3 is red, but A is blue's until it settles a2
     destination.settle(blue, next(m for c, m in wire.sent if name(m) == "a2"), Settlement.accepted())
     assert names(wire, red) == ["a1", "a3"]
+
+
+@pytest.mark.parametrize("sole_consumer_shortcut", [False, True])
+def test_a_group_head_too_large_for_its_owner_waits_for_the_group_to_be_free(sole_consumer_shortcut: bool) -> None:
+    """As with selectors: a consumer is never sent a message larger than its
+    max-message-size, and a group is still out to one consumer at a time."""
+    hooks = Hooks(build_plugin_manager())
+    destination = Destination("q", DestinationPolicy.of(pattern="q"), hooks)
+    destination.replace_queue(
+        GroupedQueue(None, destination.queue_select, sole_consumer_takes_free_groups=sole_consumer_shortcut)
+    )
+    wire = Wire()
+    for text, group in [("a1", "A"), ("A" * 2000, "A"), ("b1", "B")]:
+        destination.enqueue(msg(text, group))
+    small = Consumer("q", wire.deliver, max_size=500)
+    destination.add_consumer(small)
+    destination.credit_changed(small, 10)
+    assert names(wire, small) == ["a1", "b1"]  # group A's large head waits: small owns A
+    roomy = add(destination, wire, 10)
+    assert names(wire, roomy) == []
+    destination.settle(small, next(m for c, m in wire.sent if name(m) == "a1"), Settlement.accepted())
+    assert names(wire, roomy) == ["A" * 2000]
+    assert names(wire, small) == ["a1", "b1"]

@@ -288,14 +288,14 @@ class GroupedQueue:
                 heads.pop()
                 if owner.credit <= 0:
                     continue  # offered again when the owner has credit (consumer_ready)
-                selector = owner.selector
-                if selector is not None and not selector.matches(group.messages[0].selector_fields()):
-                    # Not for the owner: it waits until the owner has settled the group,
-                    # which frees it for a consumer whose selector matches (released).
+                if owner.choosy and not owner.takes(group.messages[0]):
+                    # Not for the owner (its selector, or too large for it): it waits until
+                    # the owner has settled the group, which frees it for a consumer that
+                    # takes it (released).
                     continue
                 consumer = owner
             else:
-                if self._sole_consumer_takes_free_groups and len(ready) == 1 and ready[0].selector is None:
+                if self._sole_consumer_takes_free_groups and len(ready) == 1 and not ready[0].choosy:
                     choice = ready[0]
                 else:
                     choice = self._select(destination=destination, message=group.messages[0], consumers=ready)
