@@ -430,8 +430,9 @@ def qpid_flow_consumer_select(
 
     :param destination: where the message waits.
     :param message: the message at hand.
-    :param consumers: the consumers of the destination that have credit now and whose
-        selector, if any, matches the message (never empty).
+    :param consumers: the consumers of the destination that have credit now and take the
+        message (``consumer.takes(message)``: its selector, if any, matches, and the message
+        fits in its max-message-size, if any); never empty.
     :return: one of ``consumers``, or a ``Hold`` when the message must wait. None: no
         opinion; if no plugin answers, consumers take turns.
     """
