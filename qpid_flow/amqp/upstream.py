@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 from cproton import PN_RELEASED, pn_link_credit
-from proton import Condition, Endpoint, Handler, Link, SSLDomain, Terminus
+from proton import Condition, Endpoint, Handler, Link, Session, SSLDomain, Terminus
 
 from qpid_flow.amqp.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, take_transfer
 from qpid_flow.amqp.guard import contain_errors
@@ -312,9 +312,7 @@ class GroupReader(Handler):
         error as for a closed link; without this they waited for messages for good."""
         session = event.session
         condition = session.remote_condition
-        if session.state & Endpoint.LOCAL_ACTIVE:
-            session.close()
-        if not self.connected or self.closing:
+        if not self._closed_by_broker(session):
             return
         for receiver in list(self._receivers.values()):
             link = receiver.link
@@ -324,13 +322,18 @@ class GroupReader(Handler):
     def on_link_remote_close(self, event: Event) -> None:
         link = event.link
         condition = link.remote_condition
-        if link.state & Endpoint.LOCAL_ACTIVE:
-            link.close()
-        if not self.connected or self.closing:
+        if not self._closed_by_broker(link):
             return
         receiver = kept(link, "qf_receiver")
         if receiver is not None:
             self._receiver_closed(receiver, condition)
+
+    def _closed_by_broker(self, endpoint: Session | Link) -> bool:
+        """The broker closed ``endpoint``: close this side too. False when the reader is
+        going away anyway (its consumers are told by that)."""
+        if endpoint.state & Endpoint.LOCAL_ACTIVE:
+            endpoint.close()
+        return self.connected and not self.closing
 
     def _receiver_closed(self, receiver: _Receiver, condition: Condition | None) -> None:
         """The broker refused or closed a receiver: its local consumers get the error."""
