@@ -82,6 +82,7 @@ class Message:
     __slots__ = (
         "_group_id",
         "_identity",
+        "_next_size",
         "_selector_fields",
         "address",
         "data",
@@ -139,6 +140,9 @@ class Message:
         self._group_id: Any = _UNREAD
         self._identity: Any = _UNREAD
         self._selector_fields: Any = None
+        # (failed_attempts, bytes) of a redelivery's wire form (next_wire_size): a
+        # size-limited consumer asks each time the message is offered.
+        self._next_size: tuple[int, int] | None = None
 
     def group_id(self, header: str | None = None) -> Any:
         """The raw group id (``properties.group-id`` or application property ``header``);
@@ -186,6 +190,7 @@ class Message:
         self.size = len(data)
         self.properties_at = -1  # offsets into the old bytes
         self._selector_fields = None  # JMSType may come from the annotations
+        self._next_size = None
 
     def wire(self) -> bytes:
         """The bytes to send a consumer now: as received, but a redelivery says so in its
@@ -195,7 +200,13 @@ class Message:
     def next_wire_size(self) -> int:
         """How many bytes its next delivery puts on the wire (:meth:`wire` once it is
         counted delivered once more): a redelivery's header may be longer."""
-        return self.size if self.delivery_count == 0 else len(self._wire_at(self.delivery_count + 1))
+        if self.delivery_count == 0:
+            return self.size
+        known = self._next_size
+        if known is None or known[0] != self.failed_attempts:
+            # A redelivery's header depends only on the failed attempts: measured once each.
+            known = self._next_size = (self.failed_attempts, len(self._wire_at(self.delivery_count + 1)))
+        return known[1]
 
     def _wire_at(self, delivery_count: int) -> bytes:
         if delivery_count <= 1:
