@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,7 @@ class Message:
         "_next_size",
         "_selector_fields",
         "address",
+        "arrived",
         "data",
         "delivery_count",
         "expires",
@@ -127,6 +129,10 @@ class Message:
         # settling): what a redelivery adds to the header's delivery-count.
         self.failed_attempts = 0
         self.expires: float | None = None  # seconds since the epoch; None: never
+        # When the transfer arrived: a header's time to live counts from here (AMQP 1.0
+        # 3.2.1, "the time of arrival at an intermediary"), even if a policy holds the
+        # transfer before it is enqueued.
+        self.arrived = time.time()
         # The transaction (qpid_flow.core.transactions.Transaction) a transfer arrived in: it is
         # staged there, not enqueued, until the commit.
         self.txn: Any = None

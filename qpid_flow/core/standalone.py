@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from qpid_flow import codec
@@ -29,7 +28,7 @@ class StandaloneBackend:
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
         try:
-            message.expires, message.properties_at = codec.expiry_and_properties(message.data, time.time())
+            message.expires, message.properties_at = codec.expiry_and_properties(message.data, message.arrived)
         except codec.MalformedMessage:
             message.expires = None  # not for qpid-flow to judge: it is passed on as sent
         if message.expires is not None:

@@ -269,6 +269,37 @@ def test_reject_after_admits_what_waited_if_space_comes_in_time(start_router) ->
     assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(15))
 
 
+def test_a_time_to_live_counts_from_arrival_while_flow_control_holds_the_transfer(qpid_flow_process) -> None:
+    """Standalone, qpid-flow is the broker: a header's ttl counts from the transfer's
+    arrival (AMQP 1.0 3.2.1), not from when a stopped destination lets it in. The four
+    held past the stop threshold have a 1 s ttl and wait 2 s: admitted when flow
+    resumes, they expire, never delivered; the eleven admitted at once (no ttl) arrive."""
+    admin = f"127.0.0.1:{free_port()}"
+    name = unique("ttl-held")
+    router = Router(
+        qpid_flow_process(
+            config_text=f'[destinations."{name}"]\nreject_after = "30s"\nflow_stop_count = 10\nflow_resume_count = 5\n',
+            extra_args=["--admin", admin],
+        ),
+        admin,
+    )
+    messages = [make_message("p", i) for i in range(15)]
+    for message in messages[11:]:
+        message.ttl = 1.0
+    producer = Producer(router.url, name, messages)
+    threads = start(producer)
+    wait_until(lambda: router.stat_if_any(name).get("transfersHeld", 0) >= 4)
+    time.sleep(2.0)  # fixed: the held transfers' ttl (1 s) must run out; nothing to wait on
+    consumer = Consumer(router.url, name, prefetch=5, idle_stop=2.0)
+    run_all(consumer)
+    for t in threads:
+        t.join(30)
+    assert Counter(producer.outcomes.values()) == {"accepted": 15}, "held, then admitted when flow resumed"
+    assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(11))
+    record = router.stat(name)
+    assert (record["expired"], record["depth"]) == (4, 0)
+
+
 def test_ring_keeps_the_newest_max_count(qpid_flow_process) -> None:
     admin = f"127.0.0.1:{free_port()}"
     router = Router(
