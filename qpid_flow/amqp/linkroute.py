@@ -47,7 +47,7 @@ from qpid_flow.amqp.endpoints import (
     take_transfer,
 )
 from qpid_flow.amqp.guard import contain_errors
-from qpid_flow.amqp.outcomes import relay_state, remote_settlement
+from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, relay_state, remote_settlement
 from qpid_flow.amqp.router import ANONYMOUS_RELAY, Router, _connection_ids, user_of
 from qpid_flow.core.dialect import Dialect, Node, dialect_for
 from qpid_flow.core.memory import MemoryMeter
@@ -513,8 +513,10 @@ class BrokerRouter(Router):
         target = link.remote_target
         if target.address and self.refuse_unauthorized_link(link, "send", target.address):
             return
-        if target.type == Terminus.COORDINATOR or target.address:
-            self._mirror(link)  # transactions: the broker's to answer; policies stay out
+        if target.type == Terminus.COORDINATOR or target.address or target.dynamic:
+            # Transactions and dynamic targets (a node the broker makes and names, as a
+            # JMS temporary queue is) are the broker's to answer, as named targets are.
+            self._mirror(link)
             return
         # Anonymous relay: qpid-flow answers itself and relays per ``to``.
         if not link.session.state & Endpoint.LOCAL_ACTIVE:
@@ -570,13 +572,17 @@ class BrokerRouter(Router):
             if target.type == Terminus.COORDINATOR:
                 client.flow(max(pn_link_credit(upstream._impl), 0))
                 return
-            destination = self.destination_for(client.remote_target.address)
+            # A dynamic target is named in the broker's answer.
+            address = target.address if client.remote_target.dynamic else client.remote_target.address
+            if not address:  # a broker that took a dynamic target must name the node
+                self._end_pair(client, upstream, Condition("amqp:internal-error", "the broker named no node"))
+                return
+            destination = self.destination_for(address)
             if destination is None:  # auto_create = false and no policy names it
-                address = client.remote_target.address
                 self._end_pair(client, upstream, Condition("amqp:not-found", f"no destination {address!r}"))
                 return
             producer = self._start_producer(client, destination, grant=False)
-            sender = _UpstreamSender(upstream, client.remote_target.address)
+            sender = _UpstreamSender(upstream, address)
             upstream.qf_sender = sender
             self._producer_routes[producer.id] = _ProducerRoute(client, sender)
             self._grant(producer, client)  # none until the broker gives the upstream link some
@@ -808,6 +814,17 @@ class BrokerRouter(Router):
         sender.pending.append((message, outcome))
         self._pump(sender)
 
+    def _join_transaction(self, link: Link, delivery: LeanDelivery, message: Message) -> bool:
+        """The broker runs transactions (the client's coordinator link is mirrored to it):
+        a transactional transfer goes upstream with the txn-id it names, for the broker to
+        judge, on the same upstream connection as that coordinator."""
+        state = delivery.proton().remote.data or []
+        txn_id = state[0] if state else None
+        if not isinstance(txn_id, (bytes, memoryview)):  # binary, as Proton hands it over
+            return False
+        message.relayed_txn = bytes(txn_id)
+        return True
+
     def _relay_sender(self, client: Link, address: str) -> _UpstreamSender:
         session: Session = kept(client.session, "qf_peer")
         link = session.sender(f"{client.name}->{address}#{next(self._relay_tags)}")
@@ -827,6 +844,11 @@ class BrokerRouter(Router):
             message, done = pending.popleft()
             delivery = new_delivery(link, next(self._tags))
             send_transfer(link, message.data)
+            if message.relayed_txn is not None:
+                # Set before the transport writes the transfer: its state goes on that frame.
+                full = delivery.proton()
+                full.local.data = [message.relayed_txn]
+                full.update(TRANSACTIONAL_STATE)
             if message.origin is None:
                 delivery.settle()  # pre-settled by its producer: so it goes on
                 done(message, _ACCEPTED)

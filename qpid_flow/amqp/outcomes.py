@@ -7,6 +7,7 @@ from proton import Condition, Delivery, Described, symbol, ulong
 
 from qpid_flow.amqp.endpoints import LeanDelivery
 from qpid_flow.core.model import Outcome, Settlement
+from qpid_flow.core.transactions import settlement_from_outcome
 
 __all__ = ["TRANSACTIONAL_STATE", "apply_settlement", "apply_transactional", "relay_state", "remote_settlement"]
 
@@ -32,8 +33,12 @@ def remote_settlement(delivery: LeanDelivery, state: int | None = None) -> Settl
     A peer that settles without an outcome is taken to have accepted: that is what
     clients that auto-settle mean, and the default outcome of a source with none set.
     """
-    outcome = _TERMINAL.get(delivery.remote_state if state is None else state)
+    if state is None:
+        state = delivery.remote_state
+    outcome = _TERMINAL.get(state)
     if outcome is None:
+        if state == TRANSACTIONAL_STATE:
+            return _transactional_settlement(delivery)
         return Settlement.accepted() if delivery.settled else None
     if outcome is Outcome.ACCEPTED:
         return Settlement.accepted()
@@ -53,6 +58,16 @@ def remote_settlement(delivery: LeanDelivery, state: int | None = None) -> Settl
         undeliverable_here=bool(remote.undeliverable),
         annotations=remote.annotations,
     )
+
+
+def _transactional_settlement(delivery: LeanDelivery) -> Settlement | None:
+    """The outcome inside a transactional state (txn-id, then the outcome, if any): what a
+    broker answers a transfer sent in one of its transactions."""
+    fields = delivery.proton().remote.data or []
+    settlement = settlement_from_outcome(fields[1] if len(fields) > 1 else None)
+    if settlement is None:
+        return Settlement.accepted() if delivery.settled else None
+    return settlement
 
 
 def apply_settlement(delivery: LeanDelivery, settlement: Settlement) -> None:

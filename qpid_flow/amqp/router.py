@@ -630,15 +630,11 @@ class Router(Handler):
             self._refuse_transfer(producer, link, delivery, presettled, "amqp:not-found", f"no destination {address!r}")
             return
         message = Message(data, destination.address, producer.id)
-        if delivery.remote_state == TRANSACTIONAL_STATE:
-            txn = self._transaction_of(link, delivery)
-            if txn is None:
-                self._refuse_transfer(
-                    producer, link, delivery, presettled, UNKNOWN_ID, "the transfer names no open transaction"
-                )
-                return
-            message.txn = txn
-            txn.undecided += 1
+        if delivery.remote_state == TRANSACTIONAL_STATE and not self._join_transaction(link, delivery, message):
+            self._refuse_transfer(
+                producer, link, delivery, presettled, UNKNOWN_ID, "the transfer names no open transaction"
+            )
+            return
         if not presettled:
             message.origin = delivery
             producer.unsettled += 1
@@ -648,6 +644,16 @@ class Router(Handler):
             # between a resume and the turn that lets them go waits behind them.
             decision = _BEHIND_HELD
         self._apply_decision(decision, destination, message)
+
+    def _join_transaction(self, link: Link, delivery: LeanDelivery, message: Message) -> bool:
+        """A transactional transfer: stage ``message`` in the open transaction it names
+        (committed or rolled back by qpid-flow's coordinator). False if none is open."""
+        txn = self._transaction_of(link, delivery)
+        if txn is None:
+            return False
+        message.txn = txn
+        txn.undecided += 1
+        return True
 
     def _transaction_of(self, link: Link, delivery: LeanDelivery) -> Transaction | None:
         state = delivery.proton().remote.data or []
@@ -702,10 +708,12 @@ class Router(Handler):
         delivery = message.origin
         message.origin = None
         if delivery is not None:
-            if message.txn is None:
-                apply_settlement(delivery, settlement)
-            else:
+            if message.txn is not None:
                 apply_transactional(delivery, message.txn.id, settlement)
+            elif message.relayed_txn is not None:
+                apply_transactional(delivery, message.relayed_txn, settlement)
+            else:
+                apply_settlement(delivery, settlement)
         entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
         if entry is None:
             return  # the producer left meanwhile

@@ -96,6 +96,7 @@ class Message:
         "producer_id",
         "properties_at",
         "queue_handle",
+        "relayed_txn",
         "sequence",
         "size",
         "txn",
@@ -136,6 +137,9 @@ class Message:
         # The transaction (qpid_flow.core.transactions.Transaction) a transfer arrived in: it is
         # staged there, not enqueued, until the commit.
         self.txn: Any = None
+        # In front of a broker: the txn-id of a transactional transfer, relayed to the
+        # broker with the transfer (the broker runs the transaction, not qpid-flow).
+        self.relayed_txn: bytes | None = None
         # Where the properties section starts, when something that walked the encoding
         # anyway found it (standalone reads expiry for every message): the message-id and
         # group-id are then read without walking the sections again. -1: not known.

@@ -31,6 +31,7 @@ from proton import (
     SymbolList,
     Terminus,
     symbol,
+    ulong,
 )
 
 from qpid_flow.amqp.linkroute import BrokerRouter
@@ -497,6 +498,95 @@ def test_producer_transfers_and_outcomes_pass_through(rig: Rig) -> None:
     assert (condition.name, condition.description) == ("amqp:precondition-failed", "queue is full")
     assert second.remote_state == Delivery.RELEASED
     assert second.settled
+
+
+def test_a_dynamic_target_is_the_broker_s_to_answer_and_its_node_gets_the_transfers(rig: Rig) -> None:
+    """A producer asking for a dynamic target (a JMS temporary queue's) reaches the broker
+    as asked; the client gets the broker's answer with the node's name; its transfers go
+    to that node and count on the destination the broker named. (RabbitMQ 3.10 refuses
+    one: test_transparency.py.)"""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender = session.sender("temporary-writer")
+    sender.target.dynamic = True
+    sender.open()
+    rig.pump()
+    at_broker = broker_link(pair, "temporary-writer")
+    assert at_broker.remote_target.dynamic and at_broker.remote_target.address is None
+    at_broker.source.copy(at_broker.remote_source)
+    at_broker.target.address = "temp-queue://broker-1:1"
+    at_broker.open()
+    rig.pump()
+    assert sender.state & Endpoint.REMOTE_ACTIVE
+    assert sender.remote_target.address == "temp-queue://broker-1:1"
+    at_broker.flow(5)
+    rig.pump()
+    assert sender.credit > 0
+    sent = send(sender, encoded(1), "t1")
+    rig.pump()
+    delivery, data = receive(at_broker)
+    assert data == encoded(1)
+    delivery.update(Delivery.ACCEPTED)
+    delivery.settle()
+    rig.pump()
+    assert sent.remote_state == Delivery.ACCEPTED
+    node = rig.destinations.find("temp-queue://broker-1:1")
+    assert node is not None and node.enqueued_total == 1
+
+
+def test_a_transactional_transfer_goes_to_the_broker_in_its_transaction_and_the_answer_comes_back(rig: Rig) -> None:
+    """In front of a broker the broker runs transactions: the client's coordinator link and
+    declare reach it; a transfer sent in the declared transaction reaches it with its
+    transactional state (txn-id), and the broker's transactional outcome reaches the
+    client as given. (Once, such a transfer was refused with amqp:transaction:unknown-id:
+    qpid-flow looked the txn-id up among its own transactions.)"""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    coordinator = session.sender("txn-control")
+    coordinator.target.type = Terminus.COORDINATOR
+    coordinator_at_broker = attach(rig, pair, coordinator)
+    coordinator_at_broker.flow(1)
+    rig.pump()
+    declare = send(coordinator, cast(bytes, Message(body=Described(ulong(0x31), [None])).encode()), "declare")
+    rig.pump()
+    declared, _data = receive(coordinator_at_broker)
+    declared.local.data = [b"txn-7"]
+    declared.update(0x33)  # declared
+    declared.settle()
+    rig.pump()
+    assert declare.remote_state == 0x33 and declare.remote.data == [b"txn-7"]
+
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(5)
+    rig.pump()
+    sent = send(sender, encoded(1), "t1")
+    sent.local.data = [b"txn-7"]
+    sent.update(0x34)  # transactional-state
+    rig.pump()
+    arrived, data = receive(at_broker)
+    assert data == encoded(1)
+    assert arrived.remote_state == 0x34 and arrived.remote.data == [b"txn-7"]
+    arrived.local.data = [b"txn-7", Described(ulong(0x24), [])]  # accepted, in the transaction
+    arrived.update(0x34)
+    arrived.settle()
+    rig.pump()
+    assert sent.settled and sent.remote_state == 0x34
+    txn_id, outcome = sent.remote.data
+    assert (bytes(txn_id), int(outcome.descriptor)) == (b"txn-7", 0x24)
+
+    refused = send(sender, encoded(2), "t2")
+    refused.local.data = [b"txn-7"]
+    refused.update(0x34)
+    rig.pump()
+    arrived, _data = receive(at_broker)
+    error = Described(ulong(0x1D), [symbol("amqp:precondition-failed"), "not in this queue", None])
+    arrived.local.data = [b"txn-7", Described(ulong(0x25), [error])]  # rejected, in the transaction
+    arrived.update(0x34)
+    arrived.settle()
+    rig.pump()
+    txn_id, outcome = refused.remote.data
+    assert (bytes(txn_id), int(outcome.descriptor)) == (b"txn-7", 0x25)
+    assert list(outcome.value[0].value)[:2] == ["amqp:precondition-failed", "not in this queue"]
 
 
 # --- consumers -----------------------------------------------------------------------------------

@@ -358,8 +358,11 @@ class Peer:
             self._session.open()
         return self._session
 
-    def sender(self, address: str | None, *, name: str | None = None, new_session: bool = False) -> LinkView:
-        """Attach a sender (at-least-once) to `address` (None: the anonymous relay)."""
+    def sender(
+        self, address: str | None, *, name: str | None = None, new_session: bool = False, dynamic: bool = False
+    ) -> LinkView:
+        """Attach a sender (at-least-once) to `address` (None: the anonymous relay; with
+        dynamic=True, a target the broker is asked to make)."""
         name = name or f"sender-{uuid.uuid4().hex[:8]}"
 
         def attach() -> LinkView:
@@ -368,6 +371,7 @@ class Peer:
                 ssn.open()
             link = ssn.sender(name)
             link.target.address = address
+            link.target.dynamic = dynamic
             link.source.address = name
             view = self._views[name] = LinkView(name, is_sender=True)
             self._links[name] = link
