@@ -66,14 +66,26 @@ def _sequence_of(message: Message) -> int:
 class FifoQueue:
     """First in, first out; the selection hook picks the consumer of each message.
 
-    A message the hook holds back (``Hold``) does not stop the ones behind it: the
-    dispatcher looks up to ``lookahead`` messages deep.
+    A message that must wait does not stop the ones behind it. Two kinds wait:
+
+    - messages no ready consumer takes (:meth:`Consumer.takes`: a selector that does not
+      match, a message over a consumer's max-message-size). That never changes for a
+      (consumer, message) pair, so each consumer with a filter keeps a cursor: the
+      sequence number up to which it takes none of the waiting messages. A scan starts
+      past the lowest cursor of the ready consumers, moves cursors on as it goes, and such
+      messages cost no look-ahead: however deep they lie, a matching message behind them
+      is found (a consumer is not starved by a backlog it does not want), and each is
+      looked at about once per consumer, not once per dispatch.
+    - messages the hook holds back (``Hold``; a plugin's reason): the dispatcher looks up
+      to ``lookahead`` of those deep.
     """
 
     def __init__(self, select: Select, lookahead: int = 1000) -> None:
         self._messages: deque[Message] = deque()
         self._select = select
         self._lookahead = lookahead
+        # Consumer with a filter -> sequence number up to which it takes no waiting message.
+        self._refused_through: dict[Consumer, int] = {}
 
     def __len__(self) -> int:
         return len(self._messages)
@@ -93,6 +105,12 @@ class FifoQueue:
             messages.appendleft(message)
         else:
             messages.insert(bisect.bisect_left(messages, message.sequence, key=_sequence_of), message)
+        # It is waiting again below some cursors: they go back to just before it (a
+        # consumer that does not take it moves past it again on the next scan).
+        cursors = self._refused_through
+        for consumer, through in cursors.items():
+            if through >= message.sequence:
+                cursors[consumer] = message.sequence - 1
 
     def pop_oldest(self) -> Message | None:
         return self._messages.popleft() if self._messages else None
@@ -107,18 +125,46 @@ class FifoQueue:
 
     def dispatch(self, destination: Destination, ready: list[Consumer], send: Send) -> None:
         messages = self._messages
-        index = 0
+        if not messages:
+            return
         select = self._select
-        while ready and index < len(messages) and index < self._lookahead:
+        cursors = self._refused_through
+        choosy = [c for c in ready if c.choosy]
+        index = 0
+        if choosy and len(choosy) == len(ready):
+            # Every ready consumer filters: what all of them refused is skipped unseen.
+            lowest = min(cursors.get(c, 0) for c in choosy)
+            if lowest >= messages[0].sequence:
+                index = bisect.bisect_right(messages, lowest, key=_sequence_of)
+        # Consumers whose cursor can still move in this scan: a cursor stops at a message its
+        # consumer takes that stays waiting, and with a consumer that runs out of credit.
+        moving = choosy
+        held = 0
+        while ready and index < len(messages) and held < self._lookahead:
             message = messages[index]
-            choice = select(destination=destination, message=message, consumers=ready)
-            if choice is None or isinstance(choice, Hold):
-                index += 1  # this one waits; the ones behind it need not
-                continue
-            del messages[index]
-            send(choice, message)
-            if choice.credit <= 0:
-                ready.remove(choice)
+            sequence = message.sequence
+            if choosy:
+                takers = [c for c in ready if not c.choosy or (sequence > cursors.get(c, 0) and c.takes(message))]
+            else:
+                takers = ready  # no consumer filters: every one takes every message
+            if takers:
+                choice = select(destination=destination, message=message, consumers=takers)
+                if choice is not None and not isinstance(choice, Hold):
+                    del messages[index]
+                    send(choice, message)
+                    if choice.credit <= 0:
+                        ready.remove(choice)
+                        if moving:
+                            moving = [c for c in moving if c is not choice]
+                    continue
+                held += 1  # this one waits; the ones behind it need not
+                if moving:
+                    moving = [c for c in moving if c not in takers]
+            # It stays waiting, and the consumers still moving do not take it: past it, for good.
+            for consumer in moving:
+                if cursors.get(consumer, 0) < sequence:
+                    cursors[consumer] = sequence
+            index += 1
 
     def released(self, consumer: Consumer, message: Message, removed: bool = False) -> None:
         pass
@@ -127,4 +173,4 @@ class FifoQueue:
         pass
 
     def consumer_gone(self, consumer: Consumer) -> None:
-        pass
+        self._refused_through.pop(consumer, None)

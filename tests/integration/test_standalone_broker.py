@@ -320,6 +320,30 @@ def test_selectors_pick_messages_per_consumer(qpid_flow_process: StartRouter, sh
         connection.close()
 
 
+def test_a_selector_consumer_gets_its_message_behind_a_backlog_it_does_not_want(
+    qpid_flow_process: StartRouter,
+) -> None:
+    """1,500 blue messages nobody takes, then a red one: a consumer selecting red gets it
+    (qpidd and Artemis deliver it; qpid-flow looked 1,000 messages deep and stopped), and
+    the blue ones are all there for a consumer without a selector."""
+    router = qpid_flow_process()
+    connection = BlockingConnection(router.url, timeout=30)
+    try:
+        sender = connection.create_sender("backlog")
+        for n in range(1500):
+            sender.send(Message(body=f"blue-{n}", properties={"colour": "blue"}))
+        sender.send(Message(body="red", properties={"colour": "red"}))
+        red = connection.create_receiver("backlog", name="red only", options=Selector("colour = 'red'"))
+        assert red.receive(timeout=10).body == "red"
+        red.accept()
+        rest = connection.create_receiver("backlog", name="everything else", credit=2000)
+        bodies = [rest.receive(timeout=10).body for _ in range(1500)]
+        rest.accept()
+        assert bodies == [f"blue-{n}" for n in range(1500)]
+    finally:
+        connection.close()
+
+
 def test_browsing_leaves_the_messages_for_consumers(qpid_flow_process: StartRouter) -> None:
     """distribution-mode copy (Proton's queue_browser.py, rhea): a browser sees every
     message, the consumer after it still gets them all."""

@@ -271,6 +271,75 @@ def test_a_message_larger_than_a_consumers_max_message_size_goes_to_another(hook
     assert [(c, m.size) for c, m in wire.sent][1:] == [(anyone.id, 500)]
 
 
+class CountingConsumer(Consumer):
+    """A consumer that counts how often it is asked whether it takes a message."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked = 0
+
+    def takes(self, message: Message) -> bool:
+        self.asked += 1
+        return super().takes(message)
+
+
+def coloured(colour: str) -> Message:
+    from proton import Message as ProtonMessage
+
+    return Message(ProtonMessage(properties={"colour": colour}).encode(), "q")
+
+
+def test_a_selector_consumer_finds_its_message_behind_any_number_it_does_not_want(hooks: Hooks) -> None:
+    """3,000 blue messages nobody takes, then red ones: the red consumer gets them. (The
+    dispatcher looked 1,000 messages deep and stopped: the red ones waited for ever.)"""
+    from qpid_flow.core.jms_selector import parse_selector
+
+    dest, wire = make(hooks), Wire()
+    red = Consumer("q", wire.deliver, selector=parse_selector("colour = 'red'"))
+    dest.add_consumer(red)
+    dest.credit_changed(red, 10)
+    for _ in range(3000):
+        dest.enqueue(coloured("blue"))
+    dest.enqueue(coloured("red"))
+    assert [c for c, _ in wire.sent] == [red.id]
+    dest.enqueue(coloured("red"))
+    assert [c for c, _ in wire.sent] == [red.id, red.id]
+    assert len(dest.queue) == 3000
+
+
+def test_a_message_a_consumer_refused_is_not_looked_at_again_for_it(hooks: Hooks) -> None:
+    """Whether a consumer takes a message never changes (its selector, its size limit): a
+    backlog it refused once is skipped by every later dispatch, not scanned again."""
+    from qpid_flow.core.jms_selector import parse_selector
+
+    dest, wire = make(hooks), Wire()
+    red = CountingConsumer("q", wire.deliver, selector=parse_selector("colour = 'red'"))
+    dest.add_consumer(red)
+    dest.credit_changed(red, 10)
+    for _ in range(2000):
+        dest.enqueue(coloured("blue"))
+    assert red.asked == 2000  # each once, as it arrived
+    dest.credit_changed(red, 20)
+    dest.enqueue(coloured("red"))
+    assert red.asked <= 2002 and [c for c, _ in wire.sent] == [red.id]
+
+
+def test_a_released_message_goes_back_to_a_selector_consumer_that_had_moved_past_it(hooks: Hooks) -> None:
+    from qpid_flow.core.jms_selector import parse_selector
+
+    dest, wire = make(hooks), Wire()
+    red = Consumer("q", wire.deliver, selector=parse_selector("colour = 'red'"))
+    dest.add_consumer(red)
+    dest.credit_changed(red, 1)
+    for colour in ("blue", "red", "blue", "blue"):
+        dest.enqueue(coloured(colour))
+    ((_, first),) = wire.sent
+    dest.credit_changed(red, 1)
+    dest.enqueue(coloured("blue"))  # the consumer's cursor moves past the red one's place
+    dest.settle(red, first, Settlement.released())
+    assert [m for _, m in wire.sent] == [first, first]
+
+
 def test_a_browser_sees_only_the_messages_its_max_message_size_allows(hooks: Hooks) -> None:
     dest, wire = make(hooks), Wire()
     browser = Consumer("q", wire.deliver, presettled=True, browser=True, max_size=100)
