@@ -48,8 +48,16 @@ from qpid_flow.amqp.endpoints import (
 )
 from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, relay_state, remote_settlement
-from qpid_flow.amqp.router import ANONYMOUS_RELAY, Router, _connection_ids, user_of
+from qpid_flow.amqp.router import (
+    ANONYMOUS_RELAY,
+    Router,
+    _answer_filters,
+    _connection_ids,
+    selector_in_force,
+    user_of,
+)
 from qpid_flow.core.dialect import Dialect, Node, dialect_for
+from qpid_flow.core.jms_selector import Selector, SelectorError
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Consumer, Message, Outcome, Settlement
 
@@ -563,10 +571,25 @@ class BrokerRouter(Router):
             client.max_message_size = limit
         if upstream.remote_properties:
             client.properties = _relayable(upstream.remote_properties)
-        client.open()
         answered = upstream.remote_target if upstream.is_sender else upstream.remote_source
         if answered.type == Terminus.UNSPECIFIED:
+            client.open()
             return  # the broker's detach, with its reason, follows
+        grouped = kept(upstream, "qf_kind") == _PROBE
+        if grouped:
+            # qpid-flow's own dispatch serves it, not the broker: the answer lists the
+            # selector and the distribution mode qpid-flow applies, whatever the broker
+            # echoed for its probe.
+            filters = self._grouped_filters(client, upstream)
+            if filters is None:
+                return
+            selector, applied = filters
+            _answer_filters(client, applied)
+            browser = client.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
+            client.source.distribution_mode = Terminus.DIST_MODE_COPY if browser else Terminus.DIST_MODE_UNSPECIFIED
+            if browser:
+                client.snd_settle_mode = Link.SND_SETTLED  # copies, pre-settled, as standalone
+        client.open()
         if client.is_receiver:
             target = upstream.remote_target
             if target.type == Terminus.COORDINATOR:
@@ -586,14 +609,14 @@ class BrokerRouter(Router):
             upstream.qf_sender = sender
             self._producer_routes[producer.id] = _ProducerRoute(client, sender)
             self._grant(producer, client)  # none until the broker gives the upstream link some
-        elif kept(upstream, "qf_kind") == _PROBE:
+        elif grouped:
             destination = self.destination_for(client.remote_source.address)
             if destination is not None:
                 # The reader asks for the node as this consumer did, and the broker took:
                 # RabbitMQ declares the queue a source names with the source's durability,
                 # and refuses a non-durable ask for a durable queue.
                 self.reader_durability[destination.address] = client.remote_source.durability
-                consumer = self._start_consumer(client, destination)
+                consumer = self._start_consumer(client, destination, selector, browser)
                 # Credit the client gave while the broker was answering the probe.
                 destination.credit_changed(consumer, pn_link_credit(client._impl))
                 self.backend.demand_changed(destination)
@@ -611,6 +634,16 @@ class BrokerRouter(Router):
                 )
                 route.destination.mirrored.add(route)
             self._consumer_credit(route)
+
+    def _grouped_filters(self, client: Link, upstream: Link) -> tuple[Selector | None, dict[Any, Any]] | None:
+        """A grouped destination's consumer: the selector its source asks for, which
+        qpid-flow's dispatch applies, and the filters in force; None when the selector is
+        bad (the link is refused with amqp:invalid-field, whatever the broker said)."""
+        try:
+            return selector_in_force(client.remote_source)
+        except SelectorError as exc:
+            self._end_pair(client, upstream, Condition("amqp:invalid-field", f"bad selector: {exc}"))
+            return None
 
     def _end_pair(self, client: Link, upstream: Link, condition: Condition) -> None:
         """Refuse a link the broker accepted: the client gets ``condition``, the broker a detach."""

@@ -369,17 +369,11 @@ class Router(Handler):
     def _filters_in_force(self, link: Link) -> tuple[Selector | None, dict[Any, Any]] | None:
         """The selector a consumer's source asks for and the filters qpid-flow applies (only
         a selector), or None when the selector is bad (the attach is refused)."""
-        selector = None
-        applied: dict[Any, Any] = {}
-        for key, value in _filters(link.remote_source).items():
-            if _is_selector(value):
-                try:
-                    selector = parse_selector(str(value.value))
-                except SelectorError as exc:
-                    self._refuse_link(link, "amqp:invalid-field", f"bad selector: {exc}")
-                    return None
-                applied[key] = value
-        return selector, applied
+        try:
+            return selector_in_force(link.remote_source)
+        except SelectorError as exc:
+            self._refuse_link(link, "amqp:invalid-field", f"bad selector: {exc}")
+            return None
 
     def _attach_temporary(self, link: Link) -> None:
         """A dynamic source: a temporary queue of its own, named in the attach answer and
@@ -977,11 +971,28 @@ def _admit(endpoint: Any, first: Any, limit: int) -> bool:
     return True
 
 
+def selector_in_force(source: Terminus) -> tuple[Selector | None, dict[Any, Any]]:
+    """The selector ``source`` asks for (parsed; SelectorError if it is bad) and the filters
+    qpid-flow applies from its filter set: only a selector."""
+    selector = None
+    applied: dict[Any, Any] = {}
+    for key, value in _filters(source).items():
+        if _is_selector(value):
+            selector = parse_selector(str(value.value))
+            applied[key] = value
+    return selector, applied
+
+
 def _answer_source(link: Link, applied: dict[Any, Any]) -> None:
     """The source in a consumer's attach answer: the client's, listing only the filters in
     force (AMQP 1.0 3.5.8): one not applied is left out, so the client can tell."""
     link.source.copy(link.remote_source)
-    if applied != _filters(link.remote_source):
+    _answer_filters(link, applied)
+
+
+def _answer_filters(link: Link, applied: dict[Any, Any]) -> None:
+    """``link``'s answered source lists exactly the filters in force, ``applied``."""
+    if applied != _filters(link.source):
         link.source.filter.clear()
         if applied:
             link.source.filter.put_object(applied)

@@ -299,6 +299,42 @@ def test_a_grouped_durable_queue_is_read_as_its_consumers_ask(rabbitmq, qpid_flo
         connection.close()
 
 
+def test_a_grouped_destination_applies_selectors_and_browsing_in_front_of_the_broker(
+    rabbitmq, qpid_flow_process
+) -> None:
+    """On a shared_groups destination qpid-flow dispatches, not RabbitMQ (which applies no
+    selector and no distribution-mode copy): a browser sees copies and takes nothing, a
+    consumer selecting red gets only the red group, and the answers say so. (Once, both were
+    handed everything, and a browser took the messages.)"""
+    from proton import Terminus
+    from proton.reactor import Copy, Selector
+    from proton.utils import BlockingConnection
+
+    address = unique("grouped-selected")
+    router = qpid_flow_process(broker_url=rabbitmq.url, config_text=grouped_config(address))
+    connection = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = connection.create_sender(address)
+        for n, colour in enumerate(["red", "blue", "red", "blue"]):
+            sender.send(Message(body=f"{colour}-{n}", group_id=colour, properties={"colour": colour}))
+        browser = connection.create_receiver(address, name="browser", options=Copy())
+        assert browser.link.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
+        seen = [browser.receive(timeout=15).body for _ in range(4)]
+        assert seen == ["red-0", "blue-1", "red-2", "blue-3"]
+        red = connection.create_receiver(address, name="red", options=Selector("colour = 'red'"))
+        taken = [red.receive(timeout=15).body for _ in range(2)]
+        red.accept()
+        red.accept()
+        assert taken == ["red-0", "red-2"]
+        rest = connection.create_receiver(address, name="rest")
+        left = [rest.receive(timeout=15).body for _ in range(2)]
+        rest.accept()
+        rest.accept()
+        assert left == ["blue-1", "blue-3"]
+    finally:
+        connection.close()
+
+
 class _DurableTarget:
     def apply(self, link: Any) -> None:
         from proton import Terminus

@@ -40,6 +40,7 @@ from qpid_flow.brokers import BrokerAddress
 from qpid_flow.config import RouterConfig, build_config
 from qpid_flow.core.destination import Destination
 from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.core.model import Message as Fetched
 from qpid_flow.core.registry import Destinations
 from qpid_flow.plugin.manager import BUILTIN_PLUGINS, Hooks, build_plugin_manager
 from tests.unit.faults import fail_next
@@ -55,7 +56,7 @@ class StubGroupReader:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
 
-    def consumer_attached(self, destination: Destination) -> None:
+    def consumer_attached(self, destination: Destination, durability: int = 0) -> None:
         self.calls.append(("consumer_attached", destination.address))
 
     def consumer_detached(self, destination: Destination) -> None:
@@ -678,6 +679,75 @@ def test_a_consumer_detach_is_passed_on_and_answered_as_the_broker_answers(rig: 
     (answer,) = pair.client.received("detach")
     assert "closed=true" not in answer
     assert rig.group_reader.calls == []
+
+
+def grouped_rig() -> Rig:
+    return Rig(
+        config=build_config({"broker": BROKER.url, "destinations": {"orders": {"shared_groups": True}}}),
+    )
+
+
+def test_a_grouped_destination_s_consumer_is_answered_with_the_selector_and_mode_qpid_flow_applies() -> None:
+    """On a shared_groups destination qpid-flow's own reader and dispatch serve the
+    consumers: the broker only checks the right to read (a probe). Its echo of the
+    probe's filter and distribution mode is not what is in force: the client is told the
+    selector and browse mode qpid-flow applies, and they are applied (a browser sees the
+    red message only, pre-settled, and takes nothing). Once, the broker's echo came back
+    and neither was applied: a browser took messages, a selector let everything through."""
+    rig = grouped_rig()
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver = session.receiver("orders-browser")
+    receiver.source.address = "orders"
+    receiver.source.distribution_mode = Terminus.DIST_MODE_COPY
+    receiver.source.filter.put_dict(
+        {symbol("colour"): Described(SELECTOR, "colour = 'red'"), symbol("other"): Described(symbol("x:y"), "z")}
+    )
+    receiver.open()
+    rig.pump()
+    probe = broker_link(pair, "orders-browser")
+    probe.source.copy(probe.remote_source)  # an echo of everything, as Artemis does
+    probe.target.copy(probe.remote_target)
+    probe.open()
+    rig.pump()
+    answered = receiver.remote_source
+    assert answered.distribution_mode == Terminus.DIST_MODE_COPY
+    assert content(answered.filter) == {"colour": Described(SELECTOR, "colour = 'red'")}
+    assert receiver.remote_snd_settle_mode == Link.SND_SETTLED
+    destination = rig.destinations.find("orders")
+    assert destination is not None and len(destination.browsers) == 1
+    receiver.flow(10)
+    rig.pump()
+    for colour in ("blue", "red"):
+        destination.enqueue(Fetched(cast(bytes, Message(properties={"colour": colour}).encode()), "orders"))
+    rig.pump()
+    delivery = receiver.current
+    assert delivery is not None and delivery.settled
+    seen = Message()
+    seen.decode(receiver.recv(delivery.pending))
+    assert seen.properties == {"colour": "red"}
+    receiver.advance()
+    assert receiver.current is None  # the blue one was not for it
+    assert len(destination.queue) == 2  # browsing takes nothing
+
+
+def test_a_bad_selector_on_a_grouped_destination_is_refused_whatever_the_broker_says() -> None:
+    rig = grouped_rig()
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver = session.receiver("orders-bad")
+    receiver.source.address = "orders"
+    receiver.source.filter.put_dict({symbol("s"): Described(SELECTOR, "colour = = 'x'")})
+    receiver.open()
+    rig.pump()
+    probe = broker_link(pair, "orders-bad")
+    probe.source.copy(probe.remote_source)  # RabbitMQ ignores a selector it does not apply
+    probe.target.copy(probe.remote_target)
+    probe.open()
+    rig.pump()
+    assert receiver.state & Endpoint.REMOTE_CLOSED
+    assert receiver.remote_condition.name == "amqp:invalid-field"
+    assert probe.state & Endpoint.REMOTE_CLOSED
 
 
 # --- the guard ----------------------------------------------------------------------------------
