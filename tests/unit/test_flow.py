@@ -96,6 +96,23 @@ def test_resume_zero_with_stop_means_resume_at_stop() -> None:
     assert state.update(99, 0) is FlowTransition.RESUMED
 
 
+@pytest.mark.parametrize(
+    ("maximum", "stop_percent", "resume_percent", "expected"),
+    [(100, 80, 0, (80, 80)), (6, 50, 10, (3, 3)), (1000, 80, 70, (800, 700))],
+)
+def test_a_default_resume_of_zero_means_resume_at_stop(
+    maximum: int, stop_percent: int, resume_percent: int, expected: tuple[int, int]
+) -> None:
+    """A 0 % resume default (or one truncated to 0 on a small maximum) with a stop set is
+    read as explicit values are: resume = stop. At 0, "fewer than 0 messages" never holds
+    and a destination that stopped once stayed stopped with nothing in it."""
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=maximum), stop_percent, resume_percent)
+    assert (limits.stop_count, limits.resume_count) == expected
+    state = FlowState(limits)
+    state.update(expected[0] + 1, 0)
+    assert state.update(0, 0) is FlowTransition.RESUMED
+
+
 def test_resume_without_stop_is_a_warning() -> None:
     limits, warnings = flow_limits(DestinationPolicy.of(flow_resume_count=5), 0, 0)
     assert not limits.enabled

@@ -272,6 +272,30 @@ def test_producers_of_one_destination_share_its_headroom() -> None:
     assert hooks.producer_credit(producer=b, destination=fair) == 0
 
 
+def test_a_named_link_sending_past_the_byte_threshold_is_held() -> None:
+    """Credit is sized by the largest message seen: messages larger than any before (or a
+    stop size lowered at runtime) can reach past the byte threshold on it. The transfer
+    that crosses flow_stop_size is admitted, none after it (they were admitted until the
+    maximum rejected them, though the destination's limit policy is flow)."""
+    hooks, registry, _, flow = setup(
+        {"destinations": {"q": {"max_size": 100000, "flow_stop_size": 10000, "flow_resume_size": 5000}}}
+    )
+    queue = existing(registry, "q")
+    named = attach(registry, "q")
+    fill(registry, "q", 10, size=100)
+    assert (hooks.producer_credit(producer=named, destination=queue) or 0) > 40  # sized by 100-byte messages
+
+    def decision() -> Any:
+        return hooks.transfer_arrived(producer=named, message=Message(b"x" * 2000, "q"), destination=queue)
+
+    admitted = 0
+    while admitted < 40 and not isinstance(decision(), Hold):
+        fill(registry, "q", 1, size=2000)
+        admitted += 1
+    assert admitted == 5  # 1,000 + 4 x 2,000 = 9,000 bytes; the 5th crosses 10,000
+    assert queue.bytes == 11000 and flow.qpid_flow_destination_stats(queue)["flowStopped"] is True
+
+
 def test_a_lone_producer_gets_the_whole_headroom() -> None:
     hooks, registry, _, _ = setup({"destinations": {"solo": {"flow_stop_count": 10, "flow_resume_count": 5}}})
     solo = existing(registry, "solo")

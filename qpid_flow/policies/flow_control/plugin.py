@@ -316,15 +316,19 @@ class Plugin:
     def _past_the_bound(self, producer: Producer, destination: Destination) -> Decision | None:
         """Credit a named-target link was given before its limits tightened or an operator
         stopped it cannot be taken back (AMQP credit only grows from the receiver's side):
-        what it sends past the bound (the stop threshold plus the crossing transfer, or
-        nothing while stopped by an operator) waits, unforwarded and unsettled, until it
+        what it sends past the bound (a stop threshold, count or bytes, plus the crossing
+        transfer, or nothing while stopped by an operator) waits, unforwarded and unsettled, until it
         is OFF again. Anonymous-relay transfers are held back by their settlement instead."""
         if producer.address is None:
             return None
         if self._stopped_patterns and self.stopped_by_operator(destination.address):
             return _OPERATOR_HOLD
-        stop_count = self._entry(destination).state.limits.stop_count
-        if stop_count and destination.depth + destination.staged_count > stop_count:
+        limits = self._entry(destination).state.limits
+        if limits.stop_count and destination.depth + destination.staged_count > limits.stop_count:
+            return _PAST_THE_STOP
+        # Bytes too: credit is sized by the largest message seen so far, so larger ones
+        # (or a stop size lowered at runtime) can reach past the byte threshold on it.
+        if limits.stop_size and destination.bytes + destination.staged_bytes > limits.stop_size:
             return _PAST_THE_STOP
         return None
 

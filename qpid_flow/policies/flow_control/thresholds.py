@@ -72,8 +72,10 @@ def _dimension(
             return 0, 0
         # qpidd: the stop threshold is rounded, the resume threshold truncated.
         stop = int(maximum * stop_percent / 100 + 0.5)
-        resume = maximum * resume_percent // 100
-        return stop, min(resume, stop)
+        resume = min(maximum * resume_percent // 100, stop)
+        # As for explicit values, a resume of 0 (a 0 % default, or one truncated to 0 on a
+        # small maximum) means "resume below the stop threshold": at 0 flow never resumes.
+        return stop, resume or stop
     stop = explicit_stop or 0
     resume = explicit_resume or 0
     if not stop:
