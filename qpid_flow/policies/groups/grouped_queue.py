@@ -170,6 +170,9 @@ class GroupedQueue:
         self._groups: dict[str, _Group] = {}
         self._heads = _Heads()  # heads that may go now (lazily pruned: stale ones are skipped)
         self._owned: dict[int, set[str]] = {}  # consumer id -> groups it owns
+        # Consumer that lost a group to its lease -> until when it gets no free group
+        # (:meth:`bar`): a stuck consumer owning the fewest groups would win it straight back.
+        self._barred: dict[Consumer, float] = {}
         self._waiting = 0
         self._release_reason = "settled"
         self._peak_groups = 0
@@ -295,10 +298,13 @@ class GroupedQueue:
                     continue
                 consumer = owner
             else:
-                if self._sole_consumer_takes_free_groups and len(ready) == 1 and not ready[0].choosy:
-                    choice = ready[0]
+                takers = self._unbarred(ready) if self._barred else ready
+                if not takers:
+                    choice = None
+                elif self._sole_consumer_takes_free_groups and len(takers) == 1 and not takers[0].choosy:
+                    choice = takers[0]
                 else:
-                    choice = self._select(destination=destination, message=group.messages[0], consumers=ready)
+                    choice = self._select(destination=destination, message=group.messages[0], consumers=takers)
                 heads.pop()
                 if choice is None or isinstance(choice, Hold):
                     held_back.append((sequence, group))
@@ -391,6 +397,7 @@ class GroupedQueue:
         self._release_reason = "settled"
 
     def consumer_gone(self, consumer: Consumer) -> None:
+        self._barred.pop(consumer, None)
         for key in self._owned.pop(consumer.id, set()):
             group = self._groups.get(key)
             if group is not None and group.owner is consumer:
@@ -400,6 +407,17 @@ class GroupedQueue:
                     self._on_event("detached", key, consumer)
                 self._offer(group)
                 self._forget_if_idle(group)
+
+    def bar(self, consumer: Consumer, until: float) -> None:
+        """``consumer`` lost a group to its lease: no free group goes to it before ``until``
+        (on the clock given), so that the group goes to another consumer, or waits."""
+        self._barred[consumer] = until
+
+    def _unbarred(self, ready: list[Consumer]) -> list[Consumer]:
+        now = self._clock()
+        for consumer in [c for c, until in self._barred.items() if until <= now]:
+            del self._barred[consumer]
+        return [c for c in ready if c not in self._barred]
 
     def expired(self, lease: float, now: float) -> list[tuple[Consumer, str]]:
         """(owner, group) pairs whose owner held the group past ``lease`` without settling."""

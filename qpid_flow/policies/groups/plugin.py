@@ -187,6 +187,9 @@ class Plugin:
                     released=len(messages),
                     lease=lease,
                 )
+                # For one more lease it gets no free group: else, owning the fewest, it would
+                # be given this one straight back (the sweep's dispatch below re-offers it).
+                queue.bar(consumer, now + lease)
                 with queue.release_reason("lease"):
                     destination.release_held(consumer, messages)
             destination.dispatch()
