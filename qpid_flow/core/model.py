@@ -156,16 +156,20 @@ class Message:
 
     def group_id(self, header: str | None = None) -> Any:
         """The raw group id (``properties.group-id`` or application property ``header``);
-        None when the message has none, or its encoding cannot be read."""
-        if self._group_id is _UNREAD:
-            if header is None:
-                self._group_id = self.identity()[1]
-            else:
-                try:
-                    self._group_id = codec.application_property(self.data, header)
-                except codec.MalformedMessage:
-                    self._group_id = None
-        return self._group_id
+        None when the message has none, or its encoding cannot be read. Remembered with
+        the header it was read by: a destination's group header can change at runtime."""
+        read = self._group_id
+        if read is not _UNREAD and read[0] == header:
+            return read[1]
+        if header is None:
+            value = self.identity()[1]
+        else:
+            try:
+                value = codec.application_property(self.data, header)
+            except codec.MalformedMessage:
+                value = None
+        self._group_id = (header, value)
+        return value
 
     def identity(self) -> tuple[Any, Any]:
         """Its message-id and group-id (``properties``), read in one pass on first use and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import tracemalloc
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import structlog
@@ -18,6 +18,9 @@ from qpid_flow.core.jms_selector import parse_selector
 from qpid_flow.core.model import Consumer, Hold, Message, Settlement
 from qpid_flow.plugin.manager import Hooks, build_plugin_manager
 from qpid_flow.policies.groups.grouped_queue import DEFAULT_GROUP, GroupedQueue, _Heads, group_key
+
+if TYPE_CHECKING:
+    from qpid_flow.plugin.control import RouterControl
 
 
 class Wire:
@@ -410,3 +413,89 @@ def test_a_group_head_too_large_for_its_owner_waits_for_the_group_to_be_free(sol
     destination.settle(small, next(m for c, m in wire.sent if name(m) == "a1"), Settlement.accepted())
     assert names(wire, roomy) == ["A" * 2000]
     assert names(wire, small) == ["a1", "b1"]
+
+
+def leased_destination(lease: float) -> tuple[Destination, Any, list[tuple[str, Any]]]:
+    """A grouped destination with ``group_lease``, its groups plugin's clock in the test's
+    hands (ManualControl), and what each consumer was sent: (consumer name, group)."""
+    from qpid_flow.config import build_config
+    from qpid_flow.core.registry import Destinations
+    from qpid_flow.testing import ManualControl
+
+    config = build_config({"destinations": {"q": {"shared_groups": True, "group_lease": lease}}})
+    manager = build_plugin_manager()
+    hooks = Hooks(manager)
+    hooks.configure(config=config, manager=manager)
+    control = ManualControl(hooks=hooks)
+    plugin = manager.get_plugin("groups")
+    assert plugin is not None
+    plugin._clock = lambda: control.now
+    destination = Destinations(config, hooks, control.memory).get("q")
+    assert destination is not None
+    control.add(destination)
+    hooks.started(control=cast("RouterControl", control))
+    return destination, control, []
+
+
+def test_a_group_lost_to_its_lease_goes_to_another_consumer_not_back_to_the_stuck_one() -> None:
+    """The lease protects the others from a stuck consumer: the group it loses goes to a
+    consumer that is working. (It went straight back to the stuck one, which then owned the
+    fewest groups: taken away and given back every lease, protecting no one.)"""
+    destination, control, sent = leased_destination(1.0)
+    stuck = Consumer("q", lambda c, m: sent.append((c.name, m.group_id())), name="stuck")
+    healthy = Consumer("q", lambda c, m: sent.append((c.name, m.group_id())), name="healthy")
+    destination.add_consumer(stuck)
+    destination.credit_changed(stuck, 10)
+    destination.enqueue(msg("A-1", "A"))
+    destination.add_consumer(healthy)
+    destination.credit_changed(healthy, 10)
+    control.advance(0.5)
+    destination.enqueue(msg("B-1", "B"))
+    assert sent == [("stuck", "A"), ("healthy", "B")]
+    control.advance(0.65)  # A's lease is over, B's is not; neither consumer settled
+    assert sent[2:] == [("healthy", "A")]
+
+
+def test_a_sole_stuck_consumer_gets_its_group_back_one_lease_later() -> None:
+    """With no other consumer the group waits a lease, then goes back: a slow consumer is
+    not starved for good."""
+    destination, control, sent = leased_destination(1.0)
+    only = Consumer("q", lambda c, m: sent.append((c.name, m.group_id())), name="only")
+    destination.add_consumer(only)
+    destination.credit_changed(only, 10)
+    destination.enqueue(msg("A-1", "A"))
+    control.advance(1.15)
+    assert sent == [("only", "A")]  # lost, and not given straight back
+    control.advance(1.0)
+    assert sent == [("only", "A"), ("only", "A")]
+
+
+def test_a_group_header_changed_at_runtime_groups_the_waiting_messages_by_the_new_one() -> None:
+    """Two messages of customer c1 (header NEW) arrive while OLD is the group header; then
+    NEW becomes it: they are one group, out to one consumer at a time. (The group id read
+    by the old header was remembered and given for any header: two groups, one message
+    to each of two consumers at once.)"""
+    from qpid_flow.config import build_config
+    from qpid_flow.core.registry import Destinations
+    from qpid_flow.testing import ManualControl, make_message
+
+    config = build_config({"destinations": {"q": {"shared_groups": True, "group_header": "OLD"}}})
+    manager = build_plugin_manager()
+    hooks = Hooks(manager)
+    hooks.configure(config=config, manager=manager)
+    control = ManualControl(hooks=hooks)
+    registry = Destinations(config, hooks, control.memory)
+    destination = registry.get("q")
+    assert destination is not None
+    control.add(destination)
+    hooks.started(control=cast("RouterControl", control))
+    for name, old in (("m1", "x"), ("m2", "y")):
+        destination.enqueue(make_message(name, "q", properties={"OLD": old, "NEW": "c1"}))
+    registry.set_policy("q", registry.parse_policy("q", {"shared_groups": True, "group_header": "NEW"}))
+    wire = Wire()
+    a, b = Consumer("q", wire.deliver, name="A"), Consumer("q", wire.deliver, name="B")
+    for consumer in (a, b):
+        destination.add_consumer(consumer)
+        consumer.credit = 10
+    destination.dispatch()  # both ready at once: free groups would be spread over them
+    assert [consumer.name for consumer, _ in wire.sent] == ["A", "A"]
