@@ -343,17 +343,28 @@ def parse_destination(
     check_pattern(pattern, where)
     values: dict[str, Any] = {}
     settings: dict[str, Any] = {}
+    given_as: dict[str, str] = {}  # setting -> the key that gave it (a name or an alias)
     for key, raw in table.items():
         if key in _DESTINATION_KEYS:
             name, parse = _DESTINATION_KEYS[key]
+            _once(given_as, name, key, where, raw)
             values[name] = parse(raw, f"{where}.{key}")
         elif key in declared:
             setting = declared[key]
+            _once(given_as, setting.key, key, where, raw)
             settings[setting.key] = setting.parse(raw, f"{where}.{key}")
         else:
             known = [*_DESTINATION_KEYS, *declared]
             raise ConfigError(f"{where}.{key}", raw, "unknown key; known: " + ", ".join(known))
     return DestinationPolicy(pattern=pattern, **values, settings=settings)
+
+
+def _once(given_as: dict[str, str], setting: str, key: str, where: str, raw: Any) -> None:
+    """Refuse a setting given twice in one table under two names (``max_count`` and its
+    qpidd alias ``qpid.max_count``): which one wins would be the file's order."""
+    earlier = given_as.setdefault(setting, key)
+    if earlier != key:
+        raise ConfigError(f"{where}.{key}", raw, f"sets {setting} as {earlier} already does: give one of them")
 
 
 def check_pattern(pattern: str, where: str) -> None:

@@ -212,3 +212,18 @@ def test_a_bad_secret_is_never_echoed() -> None:
         with pytest.raises(ConfigError) as caught:
             build_config({key: 123456789})
         assert "123456789" not in str(caught.value) and str(caught.value).startswith(f"{key} = '***'")
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ({"max_count": 10, "qpid.max_count": 20}, "qpid.max_count"),
+        ({"qpid.flow_stop_count": 9, "flow_stop_count": 8}, "flow_stop_count"),
+    ],
+)
+def test_a_setting_given_twice_under_two_names_is_refused(table: dict[str, int], key: str) -> None:
+    """A name and its qpidd alias in one table: which won depended on the file's order."""
+    with pytest.raises(ConfigError) as refused:
+        build_config({"destinations": {"q": table}})
+    assert str(refused.value).startswith(f'destinations."q".{key} = ')
+    assert "give one of them" in str(refused.value)
