@@ -83,8 +83,11 @@ def test_explicit_zero_stops_disable_flow_control_on_the_destination() -> None:
 
 
 def test_ring_destinations_never_flow_control() -> None:
-    limits, _ = flow_limits(DestinationPolicy.of(max_count=10, limit_policy="ring"))
+    limits, warnings = flow_limits(DestinationPolicy.of(max_count=10, limit_policy="ring"))
+    assert not limits.enabled and warnings == []
+    limits, warnings = flow_limits(DestinationPolicy.of(max_count=10, limit_policy="ring", flow_stop_count=5))
     assert not limits.enabled
+    assert warnings == ["flow_stop_count has no effect: a ring destination drops its oldest, never stops"]
 
 
 def test_resume_zero_with_stop_means_resume_at_stop() -> None:

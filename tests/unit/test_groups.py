@@ -499,3 +499,20 @@ def test_a_group_header_changed_at_runtime_groups_the_waiting_messages_by_the_ne
         consumer.credit = 10
     destination.dispatch()  # both ready at once: free groups would be spread over them
     assert [consumer.name for consumer, _ in wire.sent] == ["A", "A"]
+
+
+def test_group_settings_without_shared_groups_are_a_warning() -> None:
+    from qpid_flow.config import build_config
+    from qpid_flow.core.registry import Destinations
+    from qpid_flow.testing import ManualControl
+
+    config = build_config({"destinations": {"q": {"group_lease": 5}}})
+    manager = build_plugin_manager()
+    hooks = Hooks(manager)
+    hooks.configure(config=config, manager=manager)
+    control = ManualControl(hooks=hooks)
+    with structlog.testing.capture_logs() as logs:
+        destination = Destinations(config, hooks, control.memory).get("q")
+    assert destination is not None and not isinstance(destination.queue, GroupedQueue)
+    warnings = [e for e in logs if e["event"] == "groups_config_warning"]
+    assert [e["warning"] for e in warnings] == ["group_lease has no effect without shared_groups = true"]

@@ -103,6 +103,10 @@ def flow_limits(
     """
     warnings: list[str] = []
     if policy.limit_policy == "ring":
+        given = [f"flow_{k}" for k in ("stop_count", "resume_count", "stop_size", "resume_size")]
+        given = [key for key in given if policy.setting(key) is not None]
+        if given:
+            warnings.append(f"{', '.join(given)} has no effect: a ring destination drops its oldest, never stops")
         return FlowLimits(), warnings
     stop_count, resume_count = _dimension(
         "count",

@@ -95,8 +95,17 @@ class Plugin:
 
     @hookimpl
     def qpid_flow_destination_created(self, destination: Destination) -> None:
-        if destination.policy.setting("shared_groups"):
+        policy = destination.policy
+        if policy.setting("shared_groups"):
             self._install(destination)
+            return
+        unused = [key for key in ("group_header", "group_lease") if policy.setting(key) is not None]
+        if unused:
+            log.warning(
+                "groups_config_warning",
+                address=destination.address,
+                warning=f"{', '.join(unused)} has no effect without shared_groups = true",
+            )
 
     @hookimpl
     def qpid_flow_destination_policy_changed(self, destination: Destination) -> None:
