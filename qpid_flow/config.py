@@ -58,7 +58,7 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")  # no unit: seconds
 # AMQP sizes are ulong (max-message-size), and Proton keeps durations (idle time-out,
 # timers) in 32-bit milliseconds: larger values would fail later, on every connection.
-MAX_SIZE = 2**64 - 1
+MAX_SIZE = 2**63 - 1  # a signed 64-bit integer: the event log's int64 columns, Prometheus
 MAX_DURATION = (2**32 - 1) // 1000  # 4,294,967 s, about 49 days
 
 
@@ -79,7 +79,7 @@ def parse_size(value: Any, key: str = "size") -> int:
     if size is None:
         raise ConfigError(key, value, "must be a byte count or a size such as '10 MB' or '512 KB'")
     if size > MAX_SIZE:
-        raise ConfigError(key, value, f"must be at most {MAX_SIZE} bytes (2^64 - 1)")
+        raise ConfigError(key, value, f"must be at most {MAX_SIZE} bytes (2^63 - 1)")
     return size
 
 
@@ -103,15 +103,23 @@ def parse_duration(value: Any, key: str = "duration") -> float:
     return seconds
 
 
+# The largest count taken: what a signed 64-bit integer holds, as for sizes (MAX_SIZE).
+LARGEST = MAX_SIZE
+
+
 def parse_non_negative_int(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(key, value, "must be a non-negative integer")
+    if value > LARGEST:
+        raise ConfigError(key, value, f"must be at most {LARGEST} (a signed 64-bit integer)")
     return value
 
 
 def _positive_int(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(key, value, "must be a positive integer")
+    if value > LARGEST:
+        raise ConfigError(key, value, f"must be at most {LARGEST} (a signed 64-bit integer)")
     return value
 
 

@@ -84,7 +84,8 @@ def test_durations(text: object, expected: float) -> None:
         ({"idle_timeout": float("inf")}, "idle_timeout", "at most 4294967 s"),
         ({"idle_timeout": "1200h"}, "idle_timeout", "at most 4294967 s"),
         ({"destinations": {"d": {"reject_after": float("nan")}}}, 'destinations."d".reject_after', "at most"),
-        ({"max_message_size": 2**64}, "max_message_size", "at most 18446744073709551615 bytes"),
+        ({"max_message_size": 2**64}, "max_message_size", "at most 9223372036854775807 bytes"),
+        ({"destinations": {"q": {"max_count": 10**30}}}, 'destinations."q".max_count', "at most 9223372036854775807"),
         ({"default_max_size": "9" * 400}, "default_max_size", "at most"),
     ],
 )
