@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 from qpid_flow.core.model import Consumer, Hold, Message, Outcome, Producer, Settlement
@@ -244,7 +245,10 @@ class Destination:
             if consumer.choosy:
                 self._selective -= 1
         consumer.credit = 0
-        self.release_held(consumer)
+        # A queue that reports why groups are freed (message groups) is told it is a detach.
+        reason = getattr(self.queue, "release_reason", None)
+        with reason("detached") if reason is not None else nullcontext():
+            self.release_held(consumer)
         self.queue.consumer_gone(consumer)
         self._hooks.consumer_detached(consumer=consumer, destination=self)
         self.dispatch()
@@ -259,6 +263,7 @@ class Destination:
             if consumer.held.pop(message.sequence, None) is None:
                 continue
             message.failed_attempts += 1  # handed out, never settled: a failed attempt
+            self.count_settled(Outcome.RELEASED)  # as the event log's settle records it
             self.queue.released(consumer, message)
             self.queue.requeue(message)
             self._hooks.message_settled(destination=self, message=message, consumer=None, settlement=released)
@@ -483,7 +488,7 @@ class Destination:
     @property
     def unused(self) -> bool:
         """Nothing refers to it any more: it can be forgotten."""
-        return not (self.consumers or self.producers or self.depth or self.mirrored or self.in_flight)
+        return not (self.consumers or self.browsers or self.producers or self.depth or self.mirrored or self.in_flight)
 
     def delete(self) -> int:
         """Drop every waiting message (the destination is going away); how many."""
@@ -510,7 +515,7 @@ class Destination:
             "ringDropped": self.ring_dropped,
             "expired": self.expired,
             "producers": len(self.producers),
-            "consumers": len(self.consumers) + len(self.mirrored),
+            "consumers": len(self.consumers) + len(self.browsers) + len(self.mirrored),
             "maxCount": self.policy.max_count or 0,
             "maxSize": self.policy.max_size or 0,
             "limitPolicy": self.policy.when_full,

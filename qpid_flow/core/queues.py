@@ -56,7 +56,9 @@ class MessageQueue(Protocol):
         """``consumer`` went from no credit to some."""
 
     def consumer_gone(self, consumer: Consumer) -> None:
-        """``consumer`` detached (after its messages were released)."""
+        """``consumer`` detached (after its messages were released). A queue may also have
+        ``release_reason(reason)``, a context manager naming why what follows is released
+        (``detached``, ``lease``): the destination uses it around a detach's releases."""
 
 
 def _sequence_of(message: Message) -> int:

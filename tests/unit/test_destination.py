@@ -468,3 +468,16 @@ def test_messages_forwarded_and_not_yet_confirmed_are_not_counted_twice(hooks: H
     dest.set_broker_backlog(30, now=10.0)  # 20 consumed by a client of RabbitMQ itself
     dest.set_broker_backlog(30, now=10.0 + BROKER_EXCESS_SETTLE)
     assert dest.depth == 80
+
+
+def test_a_browser_counts_as_a_consumer_and_keeps_its_destination_in_use(hooks: Hooks) -> None:
+    """docs: consumers counts consumer links; a browser is one. An empty destination with
+    only a browser on it is in use: forgetting it left the browser on a destination no
+    producer reached any more."""
+    dest, wire = make(hooks), Wire()
+    browser = Consumer("q", wire.deliver, presettled=True, browser=True)
+    dest.add_consumer(browser)
+    assert dest.stats()["consumers"] == 1
+    assert not dest.unused
+    dest.remove_consumer(browser)
+    assert dest.unused

@@ -295,6 +295,24 @@ def test_group_ownership_reaches_a_plugin_that_listens(info_logging: Any) -> Non
     assert listener.seen == [("assigned", "A"), ("settled", "A")]
 
 
+def test_a_consumer_detaching_with_a_group_releases_it_as_detached_and_counts_the_releases(
+    info_logging: Any,
+) -> None:
+    """docs/events.md: group_released says why (settled, detached, lease). A consumer that
+    detaches holding three messages of A frees A as detached (it was logged settled, as
+    if it had done its work), and the three releases count in the destination's released
+    statistic, as the event log's settle records have them (they did not count)."""
+    listener = _Listener()
+    dest = _grouped_by_plugin(listener)
+    wire = Wire()
+    consumer = add(dest, wire, 10)
+    for n in range(3):
+        dest.enqueue(msg(f"A-{n}", "A"))
+    dest.remove_consumer(consumer)
+    assert listener.seen == [("assigned", "A"), ("detached", "A")]
+    assert dest.stats()["released"] == 3
+
+
 def test_group_ownership_is_not_reported_when_nothing_reads_it(info_logging: Any) -> None:
     dest = _grouped_by_plugin()
     assert isinstance(dest.queue, GroupedQueue)
