@@ -534,3 +534,16 @@ def test_group_settings_without_shared_groups_are_a_warning() -> None:
     assert destination is not None and not isinstance(destination.queue, GroupedQueue)
     warnings = [e for e in logs if e["event"] == "groups_config_warning"]
     assert [e["warning"] for e in warnings] == ["group_lease has no effect without shared_groups = true"]
+
+
+def test_a_group_s_owner_is_named_by_connection_and_link() -> None:
+    """As docs/configuration.md shows it (c3/orders-worker-1): the connection id is what
+    `stat connections` and `connection close` take. It was the link name alone."""
+    dest, wire = grouped()
+    worker = Consumer("q", wire.deliver, name="orders-worker-1", connection_id="c3")
+    dest.add_consumer(worker)
+    dest.credit_changed(worker, 10)
+    dest.enqueue(msg("A-1", "customer-17"))
+    assert isinstance(dest.queue, GroupedQueue)
+    (described,) = dest.queue.describe()
+    assert described["owner"] == "c3/orders-worker-1"

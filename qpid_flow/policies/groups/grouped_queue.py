@@ -142,6 +142,13 @@ class _Group:
         return self.messages  # type: ignore[return-value]
 
 
+def _owner(consumer: Consumer) -> str:
+    """A group's owner as operators name it: connection/link (``c3/orders-worker-1``), the
+    connection as ``qpid-flow stat connections`` and ``connection close`` know it."""
+    link = consumer.name or str(consumer.id)
+    return f"{consumer.connection_id}/{link}" if consumer.connection_id else link
+
+
 class GroupedQueue:
     """A destination's waiting messages, dispatched by shared-group rules."""
 
@@ -202,7 +209,7 @@ class GroupedQueue:
         return [
             {
                 "group": g.key,
-                "owner": g.owner.name or str(g.owner.id) if g.owner is not None else None,
+                "owner": _owner(g.owner) if g.owner is not None else None,
                 "ownerId": g.owner.id if g.owner is not None else None,
                 "held": g.held,
                 "waiting": len(g.messages),
