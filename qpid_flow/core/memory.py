@@ -1,7 +1,8 @@
 """Bytes of message data qpid-flow holds in memory, against the router-wide limit.
 
-The counterpart of ActiveMQ's ``systemUsage/memoryUsage``: while the bytes held exceed
-``memory_limit``, no producer gets credit. Message bytes are counted where they are
+The counterpart of ActiveMQ's ``systemUsage/memoryUsage``: once the bytes held reach
+``memory_limit`` (ActiveMQ's usage is full at 100 %), no producer gets credit until they
+fall below it again. Message bytes are counted where they are
 held: on destinations (standalone queues, messages fetched from the broker) and in
 the broker backend (forwarded, awaiting the broker's outcome).
 """
@@ -22,13 +23,13 @@ class MemoryMeter:
         self._below_listeners: list[Callable[[], None]] = []
 
     def when_below(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` each time the held bytes fall back to the limit or below (any
-        number of plugins may listen)."""
+        """Call ``callback`` each time the held bytes fall back below the limit (any number
+        of plugins may listen)."""
         self._below_listeners.append(callback)
 
     @property
     def over(self) -> bool:
-        return bool(self.limit) and self.held > self.limit
+        return bool(self.limit) and self.held >= self.limit
 
     def add(self, size: int) -> None:
         self.held += size

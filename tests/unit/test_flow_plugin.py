@@ -158,7 +158,7 @@ def test_reject_policy_rejects_while_on_and_reject_after_holds_first() -> None:
 def test_memory_limit_stops_every_producer() -> None:
     hooks, registry, control, _ = setup({}, limit=100)
     producer = attach(registry, "any")
-    control.memory.add(101)
+    control.memory.add(100)  # reached: SEMANTICS "when reached, all producer credit stops"
     assert hooks.producer_credit(producer=producer, destination=registry.get("any")) == 0
     assert hooks.producer_credit(producer=attach(registry, None), destination=None) == 0
     control.memory.sub(1)
