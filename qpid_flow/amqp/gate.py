@@ -44,6 +44,7 @@ from qpid_flow.security.sasl import (
     OUTCOME_OK,
     OUTCOME_SYS_TEMP,
     SASL_HEADER,
+    TRY_LATER,
     ClientHandshake,
     MechanismsReader,
     ServerHandshake,
@@ -92,8 +93,9 @@ class SignIn(Protocol):
     def sign_in(
         self, init: SaslInit, certificate_name: str | None, done: Callable[[str | None], None], peer: str = ""
     ) -> None:
-        """Check a sasl-init from host ``peer``; call ``done`` with the identity or None
-        (later, maybe from a thread's result handed back to the reactor)."""
+        """Check a sasl-init from host ``peer``; call ``done`` with the identity, None
+        (refused) or ``TRY_LATER`` (not checked now: too many checks under way), later,
+        maybe from a thread's result handed back to the reactor."""
         ...
 
 
@@ -412,9 +414,10 @@ class _Handshake:
     def _signed_in_as(self, user: str | None) -> None:
         if self.server is None:
             return
-        if user is None:
-            log.info("authentication_failed", remote=self._remote, mechanism=self.server.mechanisms)
-            self.server.send_outcome(OUTCOME_AUTH)
+        if user is None or user == TRY_LATER:
+            if user is None:
+                log.info("authentication_failed", remote=self._remote, mechanism=self.server.mechanisms)
+            self.server.send_outcome(OUTCOME_AUTH if user is None else OUTCOME_SYS_TEMP)
             self.client.send(self.server.data_to_send())
             self._close_after_flush()
             return

@@ -32,6 +32,7 @@ import structlog
 
 from qpid_flow.config import ConfigError
 from qpid_flow.security.access import ANONYMOUS_USER
+from qpid_flow.security.sasl import TRY_LATER
 
 if TYPE_CHECKING:
     from qpid_flow.security.sasl import SaslInit
@@ -210,7 +211,7 @@ class Authenticator:
         pending = self._pending
         if pending.get(peer, 0) >= PENDING_PER_HOST or sum(pending.values()) >= PENDING_IN_ALL:
             log.warning("sign_in_throttled", remote=peer or None, pending=pending.get(peer, 0))
-            done(None)
+            done(TRY_LATER)  # not a wrong password: sys-temp, and the client tries again
             return
         pending[peer] = pending.get(peer, 0) + 1
 

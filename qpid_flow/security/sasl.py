@@ -28,6 +28,7 @@ __all__ = [
     "OUTCOME_SYS_PERM",
     "OUTCOME_SYS_TEMP",
     "SASL_HEADER",
+    "TRY_LATER",
     "ClientHandshake",
     "MechanismsReader",
     "SaslInit",
@@ -38,6 +39,11 @@ SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 
 OUTCOME_OK, OUTCOME_AUTH, OUTCOME_SYS, OUTCOME_SYS_PERM, OUTCOME_SYS_TEMP = 0, 1, 2, 3, 4
+
+# What a sign-in check answers, instead of a user or None (refused), when it could not check
+# now (too many checks under way): answered sys-temp, so that the client tries again rather
+# than taking its password for wrong. No user name can be it: PLAIN separates fields by NUL.
+TRY_LATER = "\x00try later"
 
 # SASL performative descriptors (part 5.3.3), numeric and symbolic forms.
 _MECHANISMS, _INIT, _CHALLENGE, _RESPONSE, _OUTCOME = 0x40, 0x41, 0x42, 0x43, 0x44

@@ -195,6 +195,41 @@ def test_plain_right_wrong_and_anonymous_refused_once_users_exist(
     round_trip(bystander, "plain.bystander")
 
 
+def _sasl_outcomes(port: int, clients: int, user: str, password: str) -> list[int | None]:
+    """``clients`` raw connections from this host send a PLAIN sasl-init at once; the
+    sasl-outcome code each gets (0 ok, 1 auth, 4 sys-temp)."""
+    from qpid_flow.security.sasl import SASL_HEADER, ClientHandshake, SaslInit
+
+    init = ClientHandshake(SaslInit("PLAIN", f"\0{user}\0{password}".encode(), None))._init_frame
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(clients)]
+    for sock in sockets:
+        sock.sendall(SASL_HEADER + init)
+    codes: list[int | None] = []
+    for sock in sockets:
+        data = b""
+        while b"\x00\x53\x44" not in data or len(data) < data.find(b"\x00\x53\x44") + 8:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        at = data.find(b"\x00\x53\x44")  # the sasl-outcome descriptor; its list's first field is the code
+        codes.append(data[at + 7] if at >= 0 else None)
+        sock.close()
+    return codes
+
+
+def test_sign_ins_beyond_the_checks_under_way_are_told_to_try_later_not_refused(
+    qpid_flow_process: StartRouter, certificates: Certificates, users_file: Path
+) -> None:
+    """24 clients of one host sign in at once with the right password, as a reconnect storm
+    after a restart does: 16 checks run, the others are answered sys-temp (try again). They
+    were answered auth (a wrong password), which qpid-jms takes as final."""
+    router = start_secured(qpid_flow_process, certificates, f'users_file = "{users_file}"')
+    codes = _sasl_outcomes(router.plain, 24, "alice", "alice-secret")
+    assert set(codes) == {0, 4} and codes.count(0) >= 16, codes
+    assert _sasl_outcomes(router.plain, 1, "alice", "not-her-password") == [1]
+
+
 def test_anonymous_allowed_beside_users_when_configured(
     qpid_flow_process: StartRouter, certificates: Certificates, users_file: Path
 ) -> None:
