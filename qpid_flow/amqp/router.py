@@ -420,6 +420,7 @@ class Router(Handler):
     def _link_gone(self, link: Link) -> None:
         """Forget a link (idempotent): release what a consumer held, drop a producer,
         roll back what a coordinator link left open."""
+        link.qf_gone = True  # its place under max_links_per_connection is free (_admit)
         if kept(link, "qf_coordinator"):
             link.qf_coordinator = False
             self.coordinator.controller_gone(link)
@@ -962,7 +963,10 @@ def _admit(endpoint: Any, first: Any, limit: int) -> bool:
     count = 0
     other = first
     while other is not None:
-        if kept(other, "qf_admitted") and not other.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED):
+        # A detach that does not close leaves a link's state open, as does the end of its
+        # session: the router's own mark (qf_gone) says it is gone.
+        ended = other.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED) or kept(other, "qf_gone")
+        if kept(other, "qf_admitted") and not ended:
             count += 1
         other = other.next(0)
     if count >= limit:

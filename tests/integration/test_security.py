@@ -389,6 +389,41 @@ def test_session_and_link_limits(qpid_flow_process: StartRouter, certificates: C
     connection.close()
     # Sessions: Proton's BlockingConnection opens one per link; a raw engine checks the end.
     assert _session_refusal(router.plain, sessions=3) == [None, None, RESOURCE_LIMIT]
+    # A detach that does not close (a JMS durable subscriber's), and the end of a session,
+    # free a link's place too: they were counted for the connection's life.
+    assert _links_after(router.plain, "detach") == [None, None]
+    assert _links_after(router.plain, "end session") == [None, None]
+
+
+def _links_after(port: int, how: str) -> list[str | None]:
+    """Three links (the limit) go by ``how``; then two more attach: their refusals."""
+    client = RawClient(port)
+    client.connection.open()
+    session = client.connection.session()
+    session.open()
+    first = [session.receiver(f"limits.free.{n}") for n in range(3)]
+    for link in first:
+        link.source.address = link.name
+        link.open()
+    client.pump(lambda: all(link.state & Endpoint.REMOTE_ACTIVE for link in first))
+    if how == "detach":
+        for link in first:
+            link.detach()
+        # Fixed: a detach that does not close changes no state to wait on; 1 s for the answers.
+        client.pump(lambda: False, 1)
+    else:
+        session.close()
+        client.pump(lambda: bool(session.state & Endpoint.REMOTE_CLOSED))
+        session = client.connection.session()
+        session.open()
+    later = [session.receiver(f"limits.later.{n}") for n in range(2)]
+    for link in later:
+        link.source.address = link.name
+        link.open()
+    client.pump(lambda: all(link.state & (Endpoint.REMOTE_ACTIVE | Endpoint.REMOTE_CLOSED) for link in later))
+    answers = [link.remote_condition.name if link.remote_condition else None for link in later]
+    client.close()
+    return answers
 
 
 def _session_refusal(port: int, sessions: int) -> list[str | None]:
