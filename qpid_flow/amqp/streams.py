@@ -234,7 +234,10 @@ def bind_transport(
     # whose close still closes it.
     transport = Transport(mode)
     if idle_timeout:
-        transport.idle_timeout = idle_timeout
+        # Proton advertises half its local idle timeout and drops a peer silent for twice
+        # it (measured: 4.0 s for 2 s): half of the setting is what closes a peer silent
+        # for the setting, as documented; the open frame then asks for a quarter.
+        transport.idle_timeout = idle_timeout / 2
     if stream.tls is None:
         stream.release()
         sock = stream.sock
