@@ -710,7 +710,10 @@ class BrokerRouter(Router):
         detaches after them (:meth:`_linger_done`)."""
         pair: _Pair | None = kept(route.client.connection, "qf_pair")
         for sender in route.senders():
-            if route.upstream is None and sender.pending and pair is not None and sender.link.state & _SENDING:
+            # Nothing more goes on a link whose session the broker ended: what waits for it
+            # is dropped now (it was counted until the client's connection closed).
+            can_send = sender.link.state & _SENDING and not sender.link.session.state & Endpoint.REMOTE_CLOSED
+            if route.upstream is None and sender.pending and pair is not None and can_send:
                 self._fail_sender(sender, None, keep_pending=True)
                 for message, _done in sender.pending:
                     message.origin = None  # its client link is gone
@@ -748,15 +751,24 @@ class BrokerRouter(Router):
     def _fail_sender(self, sender: _UpstreamSender, settlement: Settlement | None, keep_pending: bool = False) -> None:
         """Outcomes for everything an upstream sender still carries (None: nobody to tell);
         ``keep_pending``: only for what it sent, what waits to be sent stays."""
-        waiting = [(message, done) for message, done, _ in sender.in_flight.values()]
+        sent = [(message, done) for message, done, _ in sender.in_flight.values()]
         sender.in_flight.clear()
+        unsent: list[tuple[Message, OutcomeCallback]] = []
         if not keep_pending:
-            waiting.extend(sender.pending)
+            unsent = list(sender.pending)
             sender.pending.clear()
         failed = settlement or Settlement.released()
-        for message, done in waiting:
+        # With nobody to tell (the client's link went), what was sent is the broker's: a
+        # detach does not take back transfers it received, so they stay in the depth as if
+        # accepted. (Released, they left it while the broker kept them: an undercount by a
+        # window at every client that went with transfers in flight.)
+        for message, done in sent:
             if settlement is None:
                 message.origin = None  # its client link is gone
+            done(message, _ACCEPTED if settlement is None else failed)
+        for message, done in unsent:
+            if settlement is None:
+                message.origin = None
             done(message, failed)
 
     def _relay_sender_ended(self, link: Link, closed: bool) -> None:

@@ -590,6 +590,52 @@ def test_a_transactional_transfer_goes_to_the_broker_in_its_transaction_and_the_
     assert list(outcome.value[0].value)[:2] == ["amqp:precondition-failed", "not in this queue"]
 
 
+def test_transfers_in_flight_when_their_producer_leaves_stay_in_the_depth() -> None:
+    """Three transfers reach the broker; the client closes its link before the broker's
+    outcomes. The broker keeps them (a detach takes nothing back): the depth keeps them.
+    (They were released on the client's side and left the depth: an undercount by a
+    window at every producer that left with transfers in flight.)"""
+    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(10)
+    rig.pump()
+    for n in range(3):
+        send(sender, encoded(n), f"t{n}")
+    rig.pump()
+    orders = rig.destinations.find("orders")
+    assert orders is not None and orders.depth == 3
+    sender.close()
+    rig.pump()
+    assert (orders.depth, orders.dequeued_total, orders.in_flight) == (3, 0, 0)
+
+
+def test_relayed_transfers_waiting_on_a_session_the_broker_ended_leave_the_counts() -> None:
+    """An anonymous-relay producer's transfers wait for their upstream sender's attach when
+    the broker ends the session (RabbitMQ does, for a relay-style send to a missing
+    exchange): nothing more can go on it, so they leave the depth, the in-flight count and
+    the memory at once. (They stayed counted until the client's connection closed: a false
+    flow stop, and the memory limit creeping up.)"""
+    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    pair = open_pair(rig)
+    session, broker_session = begin(rig, pair)
+    anonymous = session.sender("anon")
+    anonymous.open()
+    rig.pump()
+    for n in range(3):
+        send(anonymous, cast(bytes, Message(address="orders", body=n).encode()), f"t{n}")
+    rig.pump()
+    orders = rig.destinations.find("orders")
+    assert orders is not None and (orders.depth, orders.in_flight) == (3, 3)
+    broker_session.condition = Condition("amqp:not-found", "no exchange 'x' in vhost 'v1'")
+    broker_session.close()
+    rig.pump()
+    session.close()
+    rig.pump()
+    assert (orders.depth, orders.in_flight, rig.router.memory.held) == (0, 0, 0)
+
+
 # --- consumers -----------------------------------------------------------------------------------
 
 
