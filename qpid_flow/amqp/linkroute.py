@@ -1037,6 +1037,8 @@ class BrokerRouter(Router):
     def _from_broker(self, link: Link, delivery: LeanDelivery) -> None:
         if delivery.aborted:
             delivery.settle()
+            # It used the broker's credit and not the client's: the broker is given it back.
+            self._consumer_credit(kept(link, "qf_route"))
             return
         if not delivery.readable or delivery.partial:
             return

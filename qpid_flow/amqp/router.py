@@ -500,6 +500,11 @@ class Router(Handler):
             delivery = event.delivery
             if delivery.aborted:
                 delivery.settle()
+                # It used a credit and goes no further (in front of a broker the broker never
+                # saw it, so its link's credit is untouched): the producer may have it back.
+                producer = kept(link, "qf_producer")
+                if producer is not None:
+                    self._grant(producer, link, ask=False)
                 return
             if not delivery.readable:
                 return

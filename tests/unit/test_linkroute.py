@@ -636,6 +636,25 @@ def test_relayed_transfers_waiting_on_a_session_the_broker_ended_leave_the_count
     assert (orders.depth, orders.in_flight, rig.router.memory.held) == (0, 0, 0)
 
 
+def test_a_transfer_the_client_aborts_gives_its_credit_back() -> None:
+    """An aborted transfer goes no further, so the broker never sees it and its credit on
+    the upstream link is untouched: the client gets the credit back. (It did not: after
+    two aborts the client had none, the broker's two unused, and nothing granted again.)"""
+    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(2)
+    rig.pump()
+    for n in range(2):
+        delivery = sender.delivery(f"a{n}")
+        sender.send(encoded(n)[:20])
+        rig.pump()
+        delivery.abort()
+        rig.pump()
+    assert (sender.credit, at_broker.queued) == (2, 0)
+
+
 # --- consumers -----------------------------------------------------------------------------------
 
 
@@ -674,6 +693,25 @@ def test_consumer_credit_messages_and_outcomes_pass_through(rig: Rig) -> None:
     assert sent_first.remote.annotations == {"x-opt-retry-reason": "handler crashed"}
     assert sent_second.remote_state == Delivery.ACCEPTED
     assert sent_second.settled
+
+
+def test_a_transfer_the_broker_aborts_gives_the_broker_its_credit_back(rig: Rig) -> None:
+    """The broker's aborted transfer used its credit, not the client's: the broker is
+    given it back, and its next message reaches the client. (It was not: the link stalled.)"""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver, at_broker = consumer(rig, pair, session)
+    receiver.flow(1)
+    rig.pump()
+    aborted = at_broker.delivery("b0")
+    at_broker.send(encoded(0)[:20])
+    rig.pump()
+    aborted.abort()
+    rig.pump()
+    assert (receiver.credit, receiver.queued, at_broker.credit) == (1, 0, 1)
+    send(at_broker, encoded(1), "b1")
+    rig.pump()
+    assert receiver.queued == 1
 
 
 def test_a_consumer_drain_is_answered_once_the_broker_drains(rig: Rig) -> None:
