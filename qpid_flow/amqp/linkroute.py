@@ -107,6 +107,9 @@ _NODE_CACHE_SIZE = 4096
 # client sent that wait for their anonymous-relay sender's credit.
 _LINGER = 5.0
 _SENDING = Endpoint.LOCAL_ACTIVE | Endpoint.LOCAL_UNINIT  # opened or opening, not closed
+# Upstream senders an anonymous-relay producer keeps open, one per address it sends to; past
+# it the least recently used idle one is detached (and attached again if it is used again).
+_RELAYS_PER_PRODUCER = 64
 
 
 class _UpstreamSender:
@@ -839,9 +842,12 @@ class BrokerRouter(Router):
         sender = route.upstream
         if sender is None:
             address = codec.to_address(message.data) or destination.address
-            sender = route.relays.get(address)
+            # Taken out and put back last: the relays are kept in order of last use.
+            sender = route.relays.pop(address, None)
             if sender is None:
-                sender = route.relays[address] = self._relay_sender(route.client, address)
+                self._trim_relays(route)
+                sender = self._relay_sender(route.client, address)
+            route.relays[address] = sender
         counted = self._node(sender.address).is_queue
         if counted:
             # It counts in the destination's depth from now on: it is on its way to the broker.
@@ -869,6 +875,19 @@ class BrokerRouter(Router):
             return False
         message.relayed_txn = bytes(txn_id)
         return True
+
+    def _trim_relays(self, route: _ProducerRoute) -> None:
+        """Before another upstream sender of an anonymous-relay producer: at the cap, the
+        least recently used one with nothing waiting or unanswered is detached (a reply-to
+        server sending to one-off addresses held a link per address for its own life)."""
+        if len(route.relays) < _RELAYS_PER_PRODUCER:
+            return
+        for address, sender in route.relays.items():
+            if not sender.pending and not sender.in_flight:
+                del route.relays[address]
+                if sender.link.state & Endpoint.LOCAL_ACTIVE:
+                    sender.link.detach()
+                return
 
     def _relay_sender(self, client: Link, address: str) -> _UpstreamSender:
         session: Session = kept(client.session, "qf_peer")

@@ -655,6 +655,37 @@ def test_a_transfer_the_client_aborts_gives_its_credit_back() -> None:
     assert (sender.credit, at_broker.queued) == (2, 0)
 
 
+def test_an_anonymous_relay_producer_keeps_at_most_64_upstream_senders() -> None:
+    """A reply-to server sends to 70 one-off addresses: an upstream sender each, but past
+    64 the least recently used idle one is detached (all 70 stayed attached for the life
+    of the producer's link)."""
+    from qpid_flow.amqp.linkroute import _RELAYS_PER_PRODUCER
+
+    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    anonymous = session.sender("replies")
+    anonymous.open()
+    rig.pump()
+    for n in range(70):
+        send(anonymous, cast(bytes, Message(address=f"reply.{n}", body=n).encode()), f"t{n}")
+        rig.pump()
+        opening = pair.broker.connection.link_head(Endpoint.LOCAL_UNINIT | Endpoint.REMOTE_ACTIVE)
+        assert opening is not None, "no upstream sender attached for a new address"
+        opening.source.copy(opening.remote_source)
+        opening.target.copy(opening.remote_target)
+        opening.open()
+        opening.flow(10)
+        rig.pump()
+        delivery, _data = receive(cast(Receiver, opening))
+        delivery.update(Delivery.ACCEPTED)
+        delivery.settle()
+        rig.pump()
+    detaches = pair.broker.received("detach")
+    assert _RELAYS_PER_PRODUCER == 64 and len(detaches) == 70 - 64
+    assert all("closed=true" not in detach for detach in detaches)  # detached, not closed
+
+
 # --- consumers -----------------------------------------------------------------------------------
 
 
