@@ -128,12 +128,15 @@ class Destination:
 
     # --- room ---------------------------------------------------------------------------
 
-    def queue_select(self, *, destination: Destination, message: Message, consumers: list[Consumer]) -> Any:
+    def queue_select(
+        self, *, destination: Destination, message: Message, consumers: list[Consumer], taking: bool = False
+    ) -> Any:
         """The consumer-selection hook, as queues call it (plugins' queues too). ``None``
         from every plugin is no opinion: the consumers take turns. Consumers that do not
         take the message (:meth:`Consumer.takes`: selector, max-message-size) are not
-        offered it."""
-        if self._selective:
+        offered it; ``taking``: the queue gives only consumers it found take it (a
+        selector is not evaluated twice per message)."""
+        if self._selective and not taking:
             consumers = [c for c in consumers if c.takes(message)]
             if not consumers:
                 return _NO_CONSUMER_TAKES_IT

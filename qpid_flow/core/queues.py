@@ -22,7 +22,7 @@ __all__ = ["FifoQueue", "MessageQueue", "Select", "Send"]
 
 # Hands a message to a consumer (the destination's bookkeeping and the wire).
 Send = Callable[[Consumer, Message], None]
-# The consumer-selection hook: (destination=, message=, consumers=) -> Consumer | Hold | None.
+# The consumer-selection hook: (destination=, message=, consumers=[, taking=]) -> Consumer | Hold | None.
 Select = Callable[..., Any]
 
 
@@ -150,7 +150,7 @@ class FifoQueue:
             else:
                 takers = ready  # no consumer filters: every one takes every message
             if takers:
-                choice = select(destination=destination, message=message, consumers=takers)
+                choice = select(destination=destination, message=message, consumers=takers, taking=True)
                 if choice is not None and not isinstance(choice, Hold):
                     del messages[index]
                     send(choice, message)
