@@ -139,6 +139,11 @@ def rig() -> Rig:
     return Rig()
 
 
+def unbounded_rig() -> Rig:
+    """A rig whose destinations have no default maximum: depth counts without flow control."""
+    return Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+
+
 # --- playing the client and the broker ----------------------------------------------------------
 
 
@@ -595,7 +600,7 @@ def test_transfers_in_flight_when_their_producer_leaves_stay_in_the_depth() -> N
     outcomes. The broker keeps them (a detach takes nothing back): the depth keeps them.
     (They were released on the client's side and left the depth: an undercount by a
     window at every producer that left with transfers in flight.)"""
-    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    rig = unbounded_rig()
     pair = open_pair(rig)
     session, _ = begin(rig, pair)
     sender, at_broker = producer(rig, pair, session)
@@ -617,7 +622,7 @@ def test_relayed_transfers_waiting_on_a_session_the_broker_ended_leave_the_count
     exchange): nothing more can go on it, so they leave the depth, the in-flight count and
     the memory at once. (They stayed counted until the client's connection closed: a false
     flow stop, and the memory limit creeping up.)"""
-    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    rig = unbounded_rig()
     pair = open_pair(rig)
     session, broker_session = begin(rig, pair)
     anonymous = session.sender("anon")
@@ -640,7 +645,7 @@ def test_a_transfer_the_client_aborts_gives_its_credit_back() -> None:
     """An aborted transfer goes no further, so the broker never sees it and its credit on
     the upstream link is untouched: the client gets the credit back. (It did not: after
     two aborts the client had none, the broker's two unused, and nothing granted again.)"""
-    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    rig = unbounded_rig()
     pair = open_pair(rig)
     session, _ = begin(rig, pair)
     sender, at_broker = producer(rig, pair, session)
@@ -661,7 +666,7 @@ def test_an_anonymous_relay_producer_keeps_at_most_64_upstream_senders() -> None
     of the producer's link)."""
     from qpid_flow.amqp.linkroute import _RELAYS_PER_PRODUCER
 
-    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    rig = unbounded_rig()
     pair = open_pair(rig)
     session, _ = begin(rig, pair)
     anonymous = session.sender("replies")
@@ -927,7 +932,7 @@ def test_a_router_error_closes_that_client_only(
 def test_producer_credit_never_exceeds_the_brokers() -> None:
     """A producer gets no credit before the broker gives some, then no more than the broker's
     credit on the upstream link, though the credit policy would give 100 (no size limit set)."""
-    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}))
+    rig = unbounded_rig()
     pair = open_pair(rig)
     session, _ = begin(rig, pair)
     sender, at_broker = producer(rig, pair, session)
