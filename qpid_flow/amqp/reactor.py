@@ -65,6 +65,7 @@ from proton._selectable import Selectable
 from proton.handlers import IOHandler
 from proton.reactor import Container
 
+from qpid_flow.amqp import reclaim
 from qpid_flow.amqp.endpoints import DeliveryEvent, LinkFlowEvent, kept
 from qpid_flow.amqp.epoll import EpollSelector
 
@@ -451,6 +452,7 @@ class RelayContainer(Container):
                 event.dispatch(event.handler or default)
                 event.dispatch(self._global_handler)
                 self._previous = event.type
+                reclaim.handled(raw, kind)  # links and sessions ended both ways are freed
                 if kind in (PN_CONNECTION_UNBOUND, PN_CONNECTION_FINAL):
                     # Its transport is gone (no delivery can come any more), or the
                     # connection itself. Before the pop: until then the event keeps the C

@@ -25,6 +25,7 @@ from cproton import (
 )
 from proton import Collector, Connection, Event, Transport
 
+from qpid_flow.amqp import reclaim
 from qpid_flow.amqp.endpoints import DeliveryEvent, LinkFlowEvent
 
 __all__ = ["End", "dispatch", "move_bytes"]
@@ -109,5 +110,6 @@ def dispatch(collector: Collector, handler: Any) -> int:
                 on_link_flow(LinkFlowEvent(pn_event_link(raw)))
         elif kind != PN_TRANSPORT:
             Event.wrap(raw).dispatch(handler)
+            reclaim.handled(raw, kind)
         pn_collector_pop(impl)
         count += 1
