@@ -323,3 +323,42 @@ def test_a_named_link_sending_past_the_bound_on_old_credit_is_held() -> None:
     assert not isinstance(decision(named), Hold)
     flow.stop_producers("q")
     assert isinstance(decision(named), Hold)
+
+
+def test_an_operator_stop_holds_the_producers_of_a_ring_destination_too() -> None:
+    """seed 004's "stop all producers", on the README's own ``PRICES.>`` ring example: what a
+    named link sends on credit it already had waits, and an anonymous-relay transfer's
+    settlement is held, as on a flow destination. (Ring destinations were let through:
+    ``producersStopped: true`` while messages kept arriving and older ones were dropped.)"""
+    hooks, registry, _, flow = setup({"destinations": {"PRICES.>": {"max_count": 10, "limit_policy": "ring"}}})
+    named, anonymous = attach(registry, "PRICES.IBM"), attach(registry, None)
+    ring = registry.get("PRICES.IBM")
+    assert ring is not None
+    flow.stop_producers("PRICES.>")
+    arrived = hooks.transfer_arrived(producer=named, message=Message(b"m", "PRICES.IBM"), destination=ring)
+    assert isinstance(arrived, Hold)
+    delayed = hooks.settlement_delay(
+        producer=anonymous, message=Message(b"m", "PRICES.IBM"), destination=ring, settlement=Settlement.accepted()
+    )
+    assert delayed is True
+    assert flow.start_producers("PRICES.>")
+    arrived = hooks.transfer_arrived(producer=named, message=Message(b"m", "PRICES.IBM"), destination=ring)
+    assert not isinstance(arrived, Hold)
+    assert not hooks.settlement_delay(
+        producer=anonymous, message=Message(b"m", "PRICES.IBM"), destination=ring, settlement=Settlement.accepted()
+    )
+
+
+def test_a_start_that_undoes_no_stop_is_refused_naming_the_stops_in_force() -> None:
+    """``producers start PRICES.IBM`` after ``producers stop 'PRICES.>'`` starts nothing (the
+    pattern still holds it): a KeyError (404 at the admin endpoint, exit 2 from the CLI)
+    naming the stops in force, not a 200 the operator reads as done."""
+    flow = FlowPlugin()
+    routes = {route.path: route for route in flow.qpid_flow_admin_routes()}
+    routes["/v1/producers/stop"].handler(AdminRequest(params={}, body={"pattern": "PRICES.>"}))
+    with pytest.raises(KeyError) as caught:
+        routes["/v1/producers/start"].handler(AdminRequest(params={}, body={"pattern": "PRICES.IBM"}))
+    assert "PRICES.>" in str(caught.value)
+    assert flow.stopped_patterns == ["PRICES.>"]
+    answer = routes["/v1/producers/start"].handler(AdminRequest(params={}, body={"pattern": "PRICES.>"}))
+    assert answer["stopped"] == []

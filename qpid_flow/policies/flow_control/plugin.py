@@ -299,7 +299,10 @@ class Plugin:
             return Reject(self._full(destination)) if self._blocked(destination) else None
         reject_after = policy.settings.get("reject_after")
         if reject_after is None:
-            return self._past_the_bound(producer, destination) if policy.when_full == "flow" else None
+            if policy.when_full == "flow":
+                return self._past_the_bound(producer, destination)
+            # A ring never stops its producers, but an operator's stop (seed 004) holds them.
+            return self._operator_hold(producer, destination)
         entry = self._entry(destination)
         if not self._blocked(destination):
             entry.deadlines.pop(message.sequence, None)
@@ -321,8 +324,8 @@ class Plugin:
         is OFF again. Anonymous-relay transfers are held back by their settlement instead."""
         if producer.address is None:
             return None
-        if self._stopped_patterns and self.stopped_by_operator(destination.address):
-            return _OPERATOR_HOLD
+        if (held := self._operator_hold(producer, destination)) is not None:
+            return held
         limits = self._entry(destination).state.limits
         if limits.stop_count and destination.depth + destination.staged_count > limits.stop_count:
             return _PAST_THE_STOP
@@ -330,6 +333,13 @@ class Plugin:
         # (or a stop size lowered at runtime) can reach past the byte threshold on it.
         if limits.stop_size and destination.bytes + destination.staged_bytes > limits.stop_size:
             return _PAST_THE_STOP
+        return None
+
+    def _operator_hold(self, producer: Producer, destination: Destination) -> Decision | None:
+        """What a named-target link sends while an operator has stopped its producers waits
+        (its credit, given before the stop, cannot be taken back)."""
+        if producer.address is not None and self._stopped_patterns and self.stopped_by_operator(destination.address):
+            return _OPERATOR_HOLD
         return None
 
     def _wake_at(self, destination: Destination, entry: _Entry, delay: float) -> None:
@@ -356,6 +366,8 @@ class Plugin:
     ) -> bool | None:
         if not producer.anonymous or settlement.outcome is not Outcome.ACCEPTED:
             return None
+        if self._stopped_patterns and self.stopped_by_operator(destination.address):
+            return True  # whatever the policy: an operator's stop holds every producer
         policy = destination.policy
         if policy.when_full != "flow" or policy.settings.get("reject_after") is not None:
             return None
@@ -399,8 +411,11 @@ class Plugin:
         check_pattern(pattern, "pattern")  # as the configuration's destination patterns are
         if action == "stop":
             self.stop_producers(pattern)
-        else:
-            self.start_producers(pattern)
+        elif not self.start_producers(pattern):
+            # Only a stop's own pattern (or ">") undoes it: say so rather than answer as if
+            # the producers were going again (answered 404).
+            in_force = ", ".join(repr(p) for p in self.stopped_patterns) or "none"
+            raise KeyError(f"no producers stopped by {pattern!r}; stops in force: {in_force}")
         control = self._control
         addresses = [d.address for d in control.destinations()] if control is not None else []
         matching = [address for address in addresses if self.stopped_by_operator(address)]
