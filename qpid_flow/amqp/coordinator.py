@@ -142,12 +142,18 @@ class Coordinator:
         # (the transaction's own producer, if it stays) may have it.
         for address in {destination.address for destination, _ in txn.transfers}:
             router.grant_all(address)
+        given_back: dict[int, Destination] = {}
         for staged in txn.outcomes.values():
             if staged.delivery is None:  # the client settled it: it comes back to the queue
                 destination = router.destinations.find(staged.consumer.address)
                 if destination is not None:
                     destination.release_held(staged.consumer, [staged.message])
-                    router.backend.demand_changed(destination)
+                    given_back[id(destination)] = destination
+        for destination in given_back.values():
+            # Consumers with credit (the one that rolled back, often) take them now, not
+            # when some other event comes along.
+            destination.dispatch()
+            router.backend.demand_changed(destination)
         if txn.waiting is not None:
             waiting, txn.waiting = txn.waiting, None
             _answer(waiting, Delivery.REJECTED, condition=Condition(ROLLBACK, f"rolled back: {reason}"))

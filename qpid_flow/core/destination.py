@@ -154,6 +154,12 @@ class Destination:
             return False
         return not (max_size and self.bytes + message.size > max_size)
 
+    def room_by_dropping_waiting(self, message: Message) -> bool:
+        """Whether dropping waiting messages can make room for ``message``: not if it is
+        larger than ``max_size`` alone."""
+        max_size = self.policy.max_size or 0
+        return not (max_size and message.size > max_size)
+
     def has_room_for_many(self, count: int, size: int) -> bool:
         """False when ``count`` more messages of ``size`` bytes in all would not fit (a
         transaction's commit enqueues all of them or none)."""
@@ -204,8 +210,13 @@ class Destination:
             self.count_in(message)
         self._hooks.message_enqueued(destination=self, message=message)
         if self.browsers:
+            now = time.time()
             for browser in self.browsers:
-                self.browse(browser)
+                # A browser with credit left has seen every message waiting before this one
+                # (a browse ends with no credit or past the last): show it just this one,
+                # not a scan of the whole queue for every message that arrives.
+                if browser.credit > 0 and message.sequence > browser.browse_after:
+                    self._show(browser, message, now)
         if self.consumers:
             self.dispatch()
 
@@ -293,15 +304,18 @@ class Destination:
         for message in list(self.queue):
             if browser.credit <= 0:
                 return
-            if message.sequence <= browser.browse_after:
-                continue
-            browser.browse_after = message.sequence
-            if message.expires is not None and message.expires <= now:
-                continue
-            if browser.choosy and not browser.takes(message):
-                continue
-            browser.credit -= 1
-            browser.deliver(browser, message)
+            if message.sequence > browser.browse_after:
+                self._show(browser, message, now)
+
+    def _show(self, browser: Consumer, message: Message, now: float) -> None:
+        """Send ``browser`` a copy of ``message`` (one it has not seen) if it takes it."""
+        browser.browse_after = message.sequence
+        if message.expires is not None and message.expires <= now:
+            return
+        if browser.choosy and not browser.takes(message):
+            return
+        browser.credit -= 1
+        browser.deliver(browser, message)
 
     def dispatch(self) -> None:
         """Hand waiting messages to consumers with credit."""
@@ -403,6 +417,10 @@ class Destination:
         for message in gone:
             self.expired += 1
             self._dequeue(message, None, EXPIRED)
+        if gone and self.queue:
+            # What an expired message kept waiting (a group's head no consumer takes, its
+            # group behind it) may go now.
+            self.dispatch()
         return len(gone)
 
     def purge(self) -> int:

@@ -33,8 +33,14 @@ class StandaloneBackend:
             message.expires = None  # not for qpid-flow to judge: it is passed on as sent
         if message.expires is not None:
             destination.expiring = True
-        if not destination.has_room_for(message) and destination.policy.when_full == "ring":
-            # A ring keeps the newest messages: make room by dropping the oldest waiting.
+        # A ring keeps the newest messages: make room by dropping the oldest waiting, unless
+        # no dropping can (a message larger than max_size): then it is refused and nothing
+        # is lost, as qpidd's ring does.
+        if (
+            not destination.has_room_for(message)
+            and destination.policy.when_full == "ring"
+            and destination.room_by_dropping_waiting(message)
+        ):
             while not destination.has_room_for(message) and destination.drop_oldest():
                 pass
         if not destination.has_room_for(message):

@@ -435,3 +435,51 @@ def test_a_discharge_named_by_numeric_descriptor_commits(qpid_flow_process: Star
     finally:
         client.close()
     assert drain(router, "tx.numeric", 1) == ["in the transaction"]
+
+
+class _StaysAfterAbort(TxClient):
+    """Takes ``take`` messages in a transaction with credit to spare, aborts, and stays:
+    what comes back to it within ``wait`` seconds of the abort is ``again``."""
+
+    def __init__(self, url: str, address: str, take: int, wait: float) -> None:
+        super().__init__(url, address, take=take, commit=False, settle_before_discharge=True)
+        self.wait = wait
+        self.again: list[Any] = []
+
+    def on_transaction_declared(self, event: Event) -> None:
+        self.transaction = event.transaction
+        self.receiver.flow(self.to_take + 5)
+
+    def on_message(self, event: Event) -> None:
+        if self.result:  # discharging (they may come back before the answer) or aborted
+            self.again.append(event.message.body)
+            event.delivery.settle()
+            return
+        super().on_message(event)
+
+    def on_transaction_aborted(self, _event: Event) -> None:
+        self.result = "aborted"
+        self.timer.cancel()
+        self.container.schedule(self.wait, self)
+
+    def on_timer_task(self, _event: Event) -> None:
+        if self.result != "aborted":
+            self.result = "timed out"
+        self.connection.close()
+
+
+def test_messages_a_rollback_gives_back_go_out_again_at_once(router_with_admin: tuple[RouterProcess, str]) -> None:
+    """The consumer that rolled back still has credit: the messages it had accepted (and
+    settled, as qpid-jms does) come back to it without any other event. (They went back to
+    the queue and waited there until a new message, credit or settlement came along.)"""
+    router, _admin = router_with_admin
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender("tx.again")
+        for n in range(3):
+            sender.send(Message(body=f"m{n}"))
+    finally:
+        connection.close()
+    client = _StaysAfterAbort(router.url, "tx.again", take=3, wait=2.0).run()
+    assert client.result == "aborted" and client.taken == ["m0", "m1", "m2"]
+    assert client.again == ["m0", "m1", "m2"]

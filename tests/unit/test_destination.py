@@ -481,3 +481,46 @@ def test_a_browser_counts_as_a_consumer_and_keeps_its_destination_in_use(hooks: 
     assert not dest.unused
     dest.remove_consumer(browser)
     assert dest.unused
+
+
+def test_a_ring_refuses_a_message_larger_than_max_size_and_keeps_its_messages(hooks: Hooks) -> None:
+    """qpidd's ring refuses a message larger than its maximum before dropping anything. (A
+    2 KB message to a 1,000-byte ring emptied it, oldest first, and was refused anyway.)"""
+    from qpid_flow.core.standalone import StandaloneBackend
+
+    dest = make(hooks, limit_policy="ring", max_size=1000)
+    for n in range(5):
+        StandaloneBackend().forward(dest, msg(n), lambda message, settlement: None)
+    outcomes: list[Settlement] = []
+    big = Message(b"x" * 2000, "q")
+    StandaloneBackend().forward(dest, big, lambda message, settlement: outcomes.append(settlement))
+    assert outcomes[0].outcome is Outcome.REJECTED
+    assert (len(dest.queue), dest.ring_dropped) == (5, 0)
+
+
+def test_a_message_arriving_with_a_browser_attached_is_shown_without_a_scan(hooks: Hooks) -> None:
+    """An idle QueueBrowser with credit on a deep queue: each new message is shown to it on
+    its own, and the waiting ones are not walked again. (Every message that arrived copied
+    and walked the whole queue for every browser: 2,000 sends behind 50,000 waiting took
+    4.9 s instead of 0.1 s, on the reactor thread every client shares.)"""
+    from qpid_flow.core.queues import FifoQueue
+
+    class CountingScans(FifoQueue):
+        scans = 0
+
+        def __iter__(self) -> Any:
+            CountingScans.scans += 1
+            return super().__iter__()
+
+    dest, wire = make(hooks), Wire()
+    dest.replace_queue(CountingScans(dest.queue_select))
+    for n in range(50):
+        dest.enqueue(msg(n))
+    browser = Consumer("q", wire.deliver, presettled=True, browser=True)
+    dest.add_consumer(browser)
+    dest.credit_changed(browser, 1000)
+    scans = CountingScans.scans
+    for n in range(50, 550):
+        dest.enqueue(msg(n))
+    assert [m.data for _, m in wire.sent] == [f"m{n}".encode() for n in range(550)]
+    assert CountingScans.scans == scans

@@ -547,3 +547,58 @@ def test_a_group_s_owner_is_named_by_connection_and_link() -> None:
     assert isinstance(dest.queue, GroupedQueue)
     (described,) = dest.queue.describe()
     assert described["owner"] == "c3/orders-worker-1"
+
+
+def test_a_group_lease_added_at_runtime_is_enforced() -> None:
+    """seed 004's stuck consumer: an operator adds ``group_lease`` to a grouped destination
+    at runtime, and the stuck consumer's group goes to a working one a lease later. (The
+    lease sweep only started when groups were first enabled: a lease added later showed in
+    the policy and was never applied.)"""
+    from qpid_flow.config import build_config
+    from qpid_flow.core.registry import Destinations
+    from qpid_flow.testing import ManualControl
+
+    config = build_config({"destinations": {"q": {"shared_groups": True}}})
+    manager = build_plugin_manager()
+    hooks = Hooks(manager)
+    hooks.configure(config=config, manager=manager)
+    control = ManualControl(hooks=hooks)
+    plugin = manager.get_plugin("groups")
+    assert plugin is not None
+    plugin._clock = lambda: control.now
+    registry = Destinations(config, hooks, control.memory)
+    destination = registry.get("q")
+    assert destination is not None
+    control.add(destination)
+    hooks.started(control=cast("RouterControl", control))
+    sent: list[tuple[str, str | None]] = []
+    stuck = Consumer("q", lambda c, m: sent.append((c.name, m.group_id())), name="stuck")
+    destination.add_consumer(stuck)
+    destination.credit_changed(stuck, 10)
+    destination.enqueue(msg("A-1", "A"))
+    registry.set_policy("q", registry.parse_policy("q", {"shared_groups": True, "group_lease": 1.0}))
+    healthy = Consumer("q", lambda c, m: sent.append((c.name, m.group_id())), name="healthy")
+    destination.add_consumer(healthy)
+    destination.credit_changed(healthy, 10)
+    control.advance(1.15)
+    assert sent == [("stuck", "A"), ("healthy", "A")]
+
+
+def test_an_expired_group_head_lets_the_rest_of_its_group_go() -> None:
+    """A group's head too large for the only consumer expires: the next message of the
+    group goes to that consumer at once. (Expiry took the head out without a dispatch: the
+    rest of the group waited for some unrelated event.)"""
+    hooks = Hooks(build_plugin_manager())
+    destination = Destination("q", DestinationPolicy.of(pattern="q"), hooks)
+    destination.replace_queue(GroupedQueue(None, destination.queue_select))
+    wire = Wire()
+    head = msg("A" * 2000, "A")
+    head.expires = 10.0
+    destination.enqueue(head)
+    destination.enqueue(msg("a2", "A"))
+    small = Consumer("q", wire.deliver, max_size=500)
+    destination.add_consumer(small)
+    destination.credit_changed(small, 10)
+    assert names(wire, small) == []
+    assert destination.expire(now=11.0) == 1
+    assert names(wire, small) == ["a2"]

@@ -118,6 +118,7 @@ class Plugin:
             self._grouped.pop(destination.address, None)
             destination.replace_queue(None)
             log.info("groups_disabled", address=destination.address)
+        self._sweep_if_leased()  # a lease added at runtime needs the sweep running
 
     def _install(self, destination: Destination) -> None:
         address = destination.address
