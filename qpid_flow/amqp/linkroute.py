@@ -723,7 +723,7 @@ class BrokerRouter(Router):
                 sender.lingering_for = pair
                 pair.lingering.add(sender)
                 continue
-            self._fail_sender(sender, None)
+            self._fail_sender(sender, None, broker_kept=not _ended_by_broker(sender.link))
             if sender.link.state & Endpoint.LOCAL_ACTIVE and route.upstream is None:
                 sender.link.detach()
 
@@ -751,9 +751,17 @@ class BrokerRouter(Router):
             pair.closing = (condition,)
             container.schedule(_LINGER, _LingerTimeout(self, pair))
 
-    def _fail_sender(self, sender: _UpstreamSender, settlement: Settlement | None, keep_pending: bool = False) -> None:
+    def _fail_sender(
+        self,
+        sender: _UpstreamSender,
+        settlement: Settlement | None,
+        keep_pending: bool = False,
+        broker_kept: bool = True,
+    ) -> None:
         """Outcomes for everything an upstream sender still carries (None: nobody to tell);
-        ``keep_pending``: only for what it sent, what waits to be sent stays."""
+        ``keep_pending``: only for what it sent, what waits to be sent stays;
+        ``broker_kept``: False when the broker ended the link, its session or its
+        connection, which drops what it had not confirmed (RabbitMQ does)."""
         sent = [(message, done) for message, done, _ in sender.in_flight.values()]
         sender.in_flight.clear()
         unsent: list[tuple[Message, OutcomeCallback]] = []
@@ -764,11 +772,13 @@ class BrokerRouter(Router):
         # With nobody to tell (the client's link went), what was sent is the broker's: a
         # detach does not take back transfers it received, so they stay in the depth as if
         # accepted. (Released, they left it while the broker kept them: an undercount by a
-        # window at every client that went with transfers in flight.)
+        # window at every client that went with transfers in flight.) Unless the broker
+        # ended the link: what it had not confirmed is gone, and counted as kept it would
+        # stay in the depth for good; an undercount heals (the depth stops at 0).
         for message, done in sent:
             if settlement is None:
                 message.origin = None  # its client link is gone
-            done(message, _ACCEPTED if settlement is None else failed)
+            done(message, _ACCEPTED if settlement is None and broker_kept else failed)
         for message, done in unsent:
             if settlement is None:
                 message.origin = None
@@ -1275,6 +1285,15 @@ def _symbols(value: Any) -> SymbolList | None:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _ended_by_broker(link: Link) -> bool:
+    """Whether the broker ended ``link``, its session or its connection (rather than
+    qpid-flow, for a client that left)."""
+    remote_closed = Endpoint.REMOTE_CLOSED
+    return bool(
+        link.state & remote_closed or link.session.state & remote_closed or link.connection.state & remote_closed
+    )
 
 
 class _LingerTimeout(Handler):

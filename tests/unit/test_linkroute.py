@@ -616,6 +616,30 @@ def test_transfers_in_flight_when_their_producer_leaves_stay_in_the_depth() -> N
     assert (orders.depth, orders.dequeued_total, orders.in_flight) == (3, 0, 0)
 
 
+def test_transfers_in_flight_when_the_broker_ends_the_session_leave_the_depth() -> None:
+    """Three transfers reach the broker; it ends the session before confirming them
+    (RabbitMQ does for a transfer it refuses, and drops what it had not confirmed). They
+    leave the depth: counted as kept, they stayed in it for good, and after enough of
+    these flow control stopped producers of an empty queue."""
+    rig = unbounded_rig()
+    pair = open_pair(rig)
+    session, broker_session = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(10)
+    rig.pump()
+    for n in range(3):
+        send(sender, encoded(n), f"t{n}")
+    rig.pump()
+    orders = rig.destinations.find("orders")
+    assert orders is not None and orders.depth == 3
+    broker_session.condition = Condition("amqp:precondition-failed", "user_id does not match")
+    broker_session.close()
+    rig.pump()
+    session.close()
+    rig.pump()
+    assert (orders.depth, orders.in_flight) == (0, 0)
+
+
 def test_relayed_transfers_waiting_on_a_session_the_broker_ended_leave_the_counts() -> None:
     """An anonymous-relay producer's transfers wait for their upstream sender's attach when
     the broker ends the session (RabbitMQ does, for a relay-style send to a missing
