@@ -22,6 +22,7 @@ from qpid_flow.plugin.manager import PLUGIN_ERRORS
 if TYPE_CHECKING:
     from qpid_flow.amqp.router import Router
     from qpid_flow.config import DestinationPolicy
+    from qpid_flow.core.destination import Destination
     from qpid_flow.core.registry import Destinations
     from qpid_flow.plugin.control import RouterControl
 
@@ -55,6 +56,7 @@ class Operations:
     def add_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         policy = self._destinations.parse_policy(name, settings)
         changed = self._destinations.set_policy(name, policy)
+        self._applied(changed)
         if not is_pattern(name):
             self._destinations.get(name)  # a named destination exists once configured
         log.info("policy_set", name=name, destinations=[d.address for d in changed], **settings)
@@ -65,8 +67,17 @@ class Operations:
             raise KeyError(f"no policy {name!r}")
         policy = self._destinations.policies[name]
         changed = self._destinations.remove_policy(name)
+        self._applied(changed)
         log.info("policy_removed", name=name, destinations=[d.address for d in changed])
         return _policy_record(name, policy)
+
+    def _applied(self, changed: list[Destination]) -> None:
+        """In front of a broker, consumers may need another route after a policy change
+        (:meth:`BrokerRouter.policy_applied`)."""
+        from qpid_flow.amqp.linkroute import BrokerRouter
+
+        if isinstance(self._router, BrokerRouter):
+            self._router.policy_applied(changed)
 
     # --- who is connected (qpid-flow stat connections / links) -------------------------------
 

@@ -806,6 +806,29 @@ class BrokerRouter(Router):
         if sender.lingering_for is not None:
             self._linger_done(sender)
 
+    def policy_applied(self, destinations: list[Destination]) -> None:
+        """A policy change reached ``destinations``. One that now hands its messages out
+        itself (message groups turned on) cannot leave consumers reading the broker's queue
+        directly around it: two of them would hold one group's messages at once. Those are
+        detached with ``amqp:link:detach-forced``; attaching again (clients do), they are
+        served by qpid-flow's reader, one group to one consumer."""
+        for destination in destinations:
+            if not destination.dispatched_by_plugin or not destination.mirrored:
+                continue
+            routes = [route for route in list(destination.mirrored) if isinstance(route, _ConsumerRoute)]
+            for route in routes:
+                self._link_gone(route.client)
+                self._link_gone(route.upstream)
+                if route.upstream.state & Endpoint.LOCAL_ACTIVE:
+                    route.upstream.close()  # the broker gets its unsettled messages back
+                if route.client.state & Endpoint.LOCAL_ACTIVE:
+                    route.client.condition = Condition(
+                        "amqp:link:detach-forced",
+                        f"{destination.address!r} now has message groups (shared_groups): attach again",
+                    )
+                    route.client.close()
+            log.info("consumers_rerouted", address=destination.address, consumers=len(routes))
+
     def _consumer_route_gone(self, route: _ConsumerRoute) -> None:
         if route.consumer is not None and route.destination is not None:
             route.destination.mirrored.discard(route)

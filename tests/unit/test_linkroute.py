@@ -1003,3 +1003,25 @@ def test_broker_outcomes_reach_the_producer_as_given() -> None:
     assert first.remote.condition.info == {"queue": "orders"}
     assert second.remote_state == Delivery.MODIFIED
     assert second.remote.annotations == {"x-opt-why": "later"}
+
+
+def test_consumers_reading_the_broker_are_detached_when_groups_are_turned_on_at_runtime(rig: Rig) -> None:
+    """shared_groups turned on by an operator while a consumer reads the broker's queue
+    directly: it is detached with amqp:link:detach-forced (its client attaches again, to
+    qpid-flow's reader), and its upstream link closes (the broker gets its unsettled
+    messages back). (It stayed mirrored: it and a consumer served by groups both held
+    messages of one group.)"""
+    from qpid_flow.admin.operations import Operations
+
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver, at_broker = consumer(rig, pair, session)
+    orders = rig.destinations.find("orders")
+    assert orders is not None and len(orders.mirrored) == 1
+    operations = Operations(rig.destinations, cast(Any, None), rig.router)
+    operations.add_destination("orders", {"shared_groups": True})
+    rig.pump()
+    assert receiver.remote_condition is not None
+    assert receiver.remote_condition.name == "amqp:link:detach-forced"
+    assert at_broker.state & Endpoint.REMOTE_CLOSED
+    assert not orders.mirrored
