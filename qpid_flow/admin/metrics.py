@@ -6,9 +6,10 @@ thread for one :class:`Snapshot` of them (plain values, no Proton object), from 
 :class:`RouterCollector` builds the metric families with ``prometheus_client``.
 
 Cardinality: destinations come and go with client-chosen names (reply queues, one-off
-names). Past ``max_destinations`` (``metrics_max_destinations``), the deepest destinations
-keep their own ``destination`` label and the rest are summed under ``destination="_other"``;
-``qpid_flow_metrics_destinations_aggregated`` says how many were.
+names). Up to ``max_destinations`` (``metrics_max_destinations``) destinations keep their
+own ``destination`` label (decided when each is first seen, :class:`_Labels`) and the rest
+are summed under ``destination="_other"``; ``qpid_flow_metrics_destinations_aggregated``
+says how many were.
 
 ``METRICS`` is the reference: name, type, help and labels of every family, from which
 docs/operations.md's table is generated (and checked by a test).
@@ -180,6 +181,8 @@ DESTINATION_METRICS: tuple[MetricSpec, ...] = (
         "ringDropped",
     ),
 )
+# The per-destination counters: what _other keeps of the destinations gone from it.
+_COUNTER_KEYS = tuple(spec.key for spec in DESTINATION_METRICS if spec.kind == "counter" and spec.key is not None)
 
 ROUTER_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
@@ -254,12 +257,46 @@ def _number(value: Any) -> float:
     return 0.0
 
 
-def _limit(records: list[dict[str, Any]], max_destinations: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The destinations reported by name (the deepest first, then by name) and the rest."""
-    if max_destinations <= 0 or len(records) <= max_destinations:
-        return records, []
-    ranked = sorted(records, key=lambda r: (-_number(r.get("depth")), str(r.get("name"))))
-    return ranked[:max_destinations], ranked[max_destinations:]
+class _Labels:
+    """Which destinations keep their own ``destination`` label, and what ``_other`` has
+    counted.
+
+    A destination's label is decided when it is first seen, and kept while it exists: the
+    deepest new ones take the free places, the rest go to ``_other``. Moving a destination
+    between its own series and ``_other`` would carry its lifetime counters along, and a
+    counter series that goes down reads as a reset to Prometheus (``increase()`` then
+    counts the whole value again: a false alert). For the same reason ``_other``'s
+    counters keep what destinations gone from it had counted.
+    """
+
+    def __init__(self, max_destinations: int) -> None:
+        self.max_destinations = max_destinations
+        self._named: set[str] = set()
+        self._aggregated: dict[str, dict[str, float]] = {}  # name -> its counters, last seen
+        self.retired: dict[str, float] = {}  # counters of destinations gone from _other
+
+    def split(self, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The destinations reported by name, and the rest (summed under ``_other``)."""
+        if self.max_destinations <= 0:
+            return records, []
+        present = {str(r.get("name")) for r in records}
+        self._named &= present
+        for name in set(self._aggregated) - present:
+            for key, value in self._aggregated.pop(name).items():
+                self.retired[key] = self.retired.get(key, 0.0) + value
+        new = [
+            r for r in records if str(r.get("name")) not in self._named and str(r.get("name")) not in self._aggregated
+        ]
+        new.sort(key=lambda r: (-_number(r.get("depth")), str(r.get("name"))))
+        free = max(0, self.max_destinations - len(self._named))
+        self._named.update(str(r.get("name")) for r in new[:free])
+        shown = [r for r in records if str(r.get("name")) in self._named]
+        rest = [r for r in records if str(r.get("name")) not in self._named]
+        for record in rest:
+            self._aggregated[str(record.get("name"))] = {
+                key: _number(record[key]) for key in _COUNTER_KEYS if key in record
+            }
+        return shown, rest
 
 
 class RouterCollector(Collector):
@@ -267,7 +304,11 @@ class RouterCollector(Collector):
 
     def __init__(self, take_snapshot: Callable[[], Snapshot], max_destinations: int = 500) -> None:
         self._take_snapshot = take_snapshot
-        self.max_destinations = max_destinations
+        self._labels = _Labels(max_destinations)
+
+    @property
+    def max_destinations(self) -> int:
+        return self._labels.max_destinations
 
     def describe(self) -> list[Metric]:
         # Without this, prometheus_client would call collect() at registration.
@@ -275,10 +316,11 @@ class RouterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._take_snapshot()
-        yield from self._router(snapshot)
-        yield from self._destinations(snapshot.destinations)
+        shown, rest = self._labels.split(snapshot.destinations)
+        yield from self._router(snapshot, len(rest))
+        yield from self._destinations(shown, rest)
 
-    def _router(self, s: Snapshot) -> Iterator[Metric]:
+    def _router(self, s: Snapshot, aggregated: int) -> Iterator[Metric]:
         specs = {spec.name: spec for spec in ROUTER_METRICS}
 
         def gauge(name: str, value: float) -> GaugeMetricFamily:
@@ -313,12 +355,11 @@ class RouterCollector(Collector):
         for hook, count in sorted(s.plugin_errors.items()):
             errors.add_metric([hook], count)
         yield errors
-        _, rest = _limit(s.destinations, self.max_destinations)
         yield gauge("qpid_flow_destinations", len(s.destinations))
-        yield gauge("qpid_flow_metrics_destinations_aggregated", len(rest))
+        yield gauge("qpid_flow_metrics_destinations_aggregated", aggregated)
 
-    def _destinations(self, records: list[dict[str, Any]]) -> Iterator[Metric]:
-        shown, rest = _limit(records, self.max_destinations)
+    def _destinations(self, shown: list[dict[str, Any]], rest: list[dict[str, Any]]) -> Iterator[Metric]:
+        retired = self._labels.retired
         for spec in DESTINATION_METRICS:
             assert spec.key is not None
             key = spec.key
@@ -328,7 +369,9 @@ class RouterCollector(Collector):
                 if key in record:
                     family.add_metric([str(record["name"])], _number(record[key]))
             present = [_number(r[key]) for r in rest if key in r]
-            if present:
+            if spec.kind == "counter" and key in retired:
+                family.add_metric([OTHER], sum(present) + retired[key])
+            elif present:
                 family.add_metric([OTHER], sum(present) if spec.combine == "sum" else max(present))
             yield family
 

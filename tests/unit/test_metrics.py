@@ -95,3 +95,31 @@ def test_the_operations_guide_lists_every_metric_as_the_code_defines_it() -> Non
     start, end = "<!-- metrics-reference:start -->\n", "\n<!-- metrics-reference:end -->"
     documented = guide[guide.index(start) + len(start) : guide.index(end)]
     assert documented == reference_table(), "regenerate it: python -m qpid_flow.admin.metrics"
+
+
+def test_a_destination_keeps_its_label_and_other_s_counters_never_go_down() -> None:
+    """With room for one name: B, deepest when first seen, keeps its own series; A, named
+    _other then, stays there when it gets deeper, and when A goes _other keeps what it had
+    counted. (Labels went to the deepest at each scrape: A's 100 enqueued moved out of
+    _other and B's 3 in, and _other's counter went from 100 to 3, a reset to Prometheus.)"""
+    from qpid_flow.admin.metrics import RouterCollector
+
+    records: list[dict[str, Any]] = []
+    collector = RouterCollector(lambda: _snapshot(records), 1)
+    registry = registry_for(collector)
+
+    def enqueued() -> dict[str, float]:
+        text = generate_latest(registry).decode()
+        return {
+            sample.labels["destination"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "qpid_flow_destination_messages_enqueued_total"
+        }
+
+    records[:] = [{**_record("B", 5), "enqueued": 3}, {**_record("A", 1), "enqueued": 100}]
+    assert enqueued() == {"B": 3, OTHER: 100}
+    records[:] = [{**_record("B", 0), "enqueued": 3}, {**_record("A", 900), "enqueued": 120}]
+    assert enqueued() == {"B": 3, OTHER: 120}
+    records[:] = [{**_record("B", 0), "enqueued": 3}]
+    assert enqueued() == {"B": 3, OTHER: 120}
