@@ -382,12 +382,25 @@ class BrokerRouter(Router):
             return
         if not broker_reachable:
             self._close_client(pair, Condition(_FORCED, "the broker connection was lost"), "broker_lost")
+            self._broker_lost()
             return
         log.info("connection_dropped_upstream", connection=pair.id, broker=pair.broker.redacted)
         transport = client.transport
         if transport is not None:
             transport.close_tail()
             transport.close_head()
+
+    def _broker_lost(self) -> None:
+        """The broker is gone: the depths qpid-flow counted in it are not known any more
+        (:meth:`Destination.broker_lost`)."""
+        lowered = []
+        for destination in self.destinations:
+            depth = destination.depth
+            destination.broker_lost()
+            if destination.depth < depth:
+                lowered.append(destination.address)
+        if lowered:
+            log.warning("depth_reset_broker_lost", destinations=lowered)
 
     def _refuse_link(self, link: Link, condition: str, description: str) -> None:
         """As standalone; but on a session the broker has not begun yet, the refusal waits

@@ -118,6 +118,8 @@ class Destination:
         # (side, since when): the broker's readings have found the depth above (1) or
         # below (-1) the bounds they prove, since then.
         self._outside_broker_bounds: tuple[int, float] | None = None
+        # Whether a plugin reads the broker's own figure for it (set_broker_backlog).
+        self.broker_backlog_read = False
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
 
@@ -431,6 +433,24 @@ class Destination:
             dropped += 1
         return dropped
 
+    def broker_lost(self) -> None:
+        """In front of a broker: the broker was lost, and what qpid-flow counted in it may
+        be gone with it (RabbitMQ declares plain queue names non-durable: a restart empties
+        them). Counted as still there, a stopped destination would stay stopped for good.
+        So, unless a plugin reads the broker's own figure (and will correct it), the depth
+        restarts from what qpid-flow itself holds: an undercount, if the broker kept them,
+        lets producers pass the threshold once by at most that backlog."""
+        if self.broker_backlog_read:
+            return
+        held = len(self.queue) + sum(len(c.held) for c in self.consumers)
+        if self.depth <= held:
+            return
+        average = self.bytes // self.depth if self.depth else 0
+        self.depth = held
+        self.bytes = held * average
+        self._outside_broker_bounds = None
+        self._hooks.depth_changed(destination=self)
+
     def set_broker_backlog(self, ready: int, now: float | None = None) -> None:
         """What the broker says it holds ready for this address (from a plugin); ``now``:
         the reading's ``time.monotonic()``, when the caller knows it.
@@ -455,6 +475,7 @@ class Destination:
         resume producers against a full queue. Bytes are estimated from the average size
         of the messages seen.
         """
+        self.broker_backlog_read = True
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
         fetched += sum(m.held for m in self.mirrored)
         lowest = max(0, ready) + fetched

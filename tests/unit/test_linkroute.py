@@ -1025,3 +1025,36 @@ def test_consumers_reading_the_broker_are_detached_when_groups_are_turned_on_at_
     assert receiver.remote_condition.name == "amqp:link:detach-forced"
     assert at_broker.state & Endpoint.REMOTE_CLOSED
     assert not orders.mirrored
+
+
+def test_a_broker_lost_restarts_the_depths_qpid_flow_counted_in_it(rig: Rig) -> None:
+    """17 messages passed through to 'orders', then the broker is gone (a restart empties
+    RabbitMQ's non-durable queues): the depth restarts from what qpid-flow holds (none),
+    so a destination stopped on those 17 is not stopped for good. (It stayed at 17, and
+    new producers got no credit until qpid-flow itself restarted.) A destination whose
+    broker figure a plugin reads keeps its count for the plugin to correct."""
+    rig.router.probe = lambda broker, on_result: on_result(False)
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(20)
+    rig.pump()
+    for n in range(17):
+        delivery = send(sender, encoded(n), f"t{n}")
+        rig.pump()
+        arrived, _data = receive(at_broker)
+        arrived.update(Delivery.ACCEPTED)
+        arrived.settle()
+        rig.pump()
+        assert delivery.remote_state == Delivery.ACCEPTED
+    orders = rig.destinations.find("orders")
+    read = rig.destinations.get("read-by-a-plugin")
+    assert orders is not None and read is not None and orders.depth == 17
+    read.depth = 5
+    read.set_broker_backlog(5)
+    pair.broker.transport.close_head()
+    pair.broker.transport.close_tail()
+    rig.pump()
+    assert pair.client.connection.remote_condition.name == "amqp:connection:forced"
+    assert (orders.depth, orders.bytes) == (0, 0)
+    assert read.depth == 5
