@@ -362,3 +362,18 @@ def test_a_start_that_undoes_no_stop_is_refused_naming_the_stops_in_force() -> N
     assert flow.stopped_patterns == ["PRICES.>"]
     answer = routes["/v1/producers/start"].handler(AdminRequest(params={}, body={"pattern": "PRICES.>"}))
     assert answer["stopped"] == []
+
+
+def test_before_any_message_is_seen_every_producer_link_gets_a_full_window() -> None:
+    """An application opens three senders to a new address and sends on the third first:
+    it has credit. (The first message's size was guessed to fit one window below the
+    default 80 MB stop size, which capped all the links together at one window: the
+    third got none, and with nobody else sending the depth never changed to ask again.)"""
+    hooks, registry, _, _ = setup({"default_max_size": "100 MB"})
+    fresh = existing(registry, "fresh")
+    grants = []
+    for _ in range(3):
+        producer = attach(registry, "fresh")
+        producer.credit = hooks.producer_credit(producer=producer, destination=fresh)
+        grants.append(producer.credit)
+    assert grants == [100, 100, 100]

@@ -265,12 +265,15 @@ class Plugin:
         limits = entry.state.limits
         if not limits.enabled:
             return need
-        # Until a message of this destination has been seen its size is unknown: assume
-        # the size that lets a full window in below the stop size, so the first grant is a
-        # normal window (a client may send only in its first on_sendable). The depth can
-        # then pass the stop size once, by at most that first window; every later grant
-        # is sized by the largest message seen.
-        message_size = destination.largest_message or max(1, limits.stop_size // (self._window + 1))
+        # Until a message of this destination has been seen its size is unknown, and the
+        # size threshold cannot say how many fit: each producer link gets a full window
+        # (within the count threshold), as a client may send only in its first
+        # on_sendable. (A size guessed to fit one window below the stop size capped all the
+        # links together at one window: a link that attached third got no credit, and if
+        # it was the one to send first, nothing ever changed the depth to ask again.)
+        # What passes the stop size on that credit waits (_past_the_bound); every later
+        # grant is sized by the largest message seen.
+        message_size = destination.largest_message or 1
         # What open transactions staged for it counts as if enqueued: their commit will put
         # it there, credit or not (the transactional producer then waits for its commit).
         headroom = entry.state.headroom(
