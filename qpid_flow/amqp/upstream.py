@@ -12,13 +12,17 @@ forgotten when the connection drops, since the broker delivers them again; consu
 that held some of them unsettled are detached (``amqp:link:detach-forced``: their
 outcomes can no longer reach the broker, and their groups go to whoever gets the
 messages again), the others keep their links. The brokers of the list are tried in order, backing off from 0.1 s to
-``reconnect_max_delay`` once all have been tried.
+``reconnect_max_delay`` once all have been tried. The back-off starts again from 0.1 s, at
+the first broker, only after losing a connection that proved itself by staying open
+``reconnect_max_delay``; one that ends sooner (a broker at its connection limit answers the
+open and closes at once) is a failed attempt at its broker, and the back-off goes on.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -71,6 +75,7 @@ class GroupReader(Handler):
         destinations: Destinations,
         on_link_failed: Callable[[str, bool, Condition | None], None],
         on_holders_lost: Callable[[str, set[int]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self._brokers = config.broker_addresses
@@ -96,6 +101,8 @@ class GroupReader(Handler):
         self.closing = False
         self.epoch = 0  # which connection; deliveries of an older one are dead
         self._delay = 0.0
+        self._clock = clock
+        self._connected_at = 0.0  # when the open of the current connection came (clock)
         self._receivers: dict[str, _Receiver] = {}
         self._tags = itertools.count(1)
 
@@ -142,7 +149,9 @@ class GroupReader(Handler):
         if event.connection != self._connection:
             return
         self.connected = True
-        self._delay = 0.0
+        # The back-off is not reset here: a broker at its connection limit answers the
+        # open and closes at once (see _proved_itself).
+        self._connected_at = self._clock()
         log.info("upstream_connected", broker=self._brokers[self._broker_index].redacted, epoch=self.epoch)
         for receiver in self._receivers.values():
             self._open_receiver(receiver)
@@ -174,6 +183,7 @@ class GroupReader(Handler):
     def _lost(self) -> None:
         """The broker connection is gone: forget what we fetched (the broker has it)."""
         was_connected = self.connected
+        proved_itself = was_connected and self._proved_itself()
         self.connected = False
         self._connection = None
         old_epoch = self.epoch
@@ -197,9 +207,27 @@ class GroupReader(Handler):
             return
         if was_connected:
             log.warning("upstream_disconnected", broker=self._brokers[self._broker_index].redacted)
+        self._schedule_reconnect(proved_itself)
+
+    def _proved_itself(self) -> bool:
+        """Whether the connection now lost stayed open long enough to count as working.
+
+        Not merely opened: a broker at its connection limit answers the open and closes
+        at once, and a back-off reset by that retried it about ten times a second. Nor
+        "a receiver attached": a broker that takes the attach and then drops the
+        connection would be retried as fast. Staying open ``reconnect_max_delay`` bounds
+        the reconnect rate whatever the broker does.
+        """
+        return self._clock() - self._connected_at >= self._max_delay
+
+    def _schedule_reconnect(self, proved_itself: bool) -> None:
+        """Connect again: at once to the next broker of the list, or, once the whole list
+        has been tried, to the first after the back-off (doubled each round)."""
+        if proved_itself:
             self._broker_index = 0  # the first of the list again, then the others
             self._delay = 0.0
         else:
+            # Never opened, or closed too soon: a failed attempt at this broker.
             self._broker_index = (self._broker_index + 1) % len(self._brokers)
         # Back off once the whole list has been tried.
         if self._broker_index == 0:
@@ -348,7 +376,31 @@ class GroupReader(Handler):
             condition=condition.name if condition else None,
             description=condition.description if condition else None,
         )
+        self._forget_fetched(receiver)
         self._on_link_failed(address, False, condition)
+
+    def _forget_fetched(self, receiver: _Receiver) -> None:
+        """Drop what a receiver the broker closed had fetched, as _lost does for a lost
+        connection: the outcomes of those deliveries can no longer reach the broker, which
+        delivers the messages again. Done before the consumers are told: their detaches
+        would otherwise put the messages they held back in the queue (release_held), for
+        a later consumer to get stale copies whose outcomes go nowhere, then every message
+        again from the broker. The receiver's session ends too, so that RabbitMQ makes
+        what it had sent on it available again (see _open_receiver)."""
+        destination = receiver.destination
+        # Nothing is outstanding any more: a later consumer's receiver asks for the full
+        # look-ahead.
+        destination.upstream_credit = 0
+        # One receiver per destination and connection: this epoch's messages are all its.
+        current = self.epoch
+        dropped = destination.forget(lambda m: m.upstream_epoch == current)
+        if dropped:
+            log.info("upstream_messages_forgotten", address=destination.address, count=dropped)
+        receiver.closing = True  # anything still arriving on it goes back at once
+        link = receiver.link
+        receiver.link = None
+        if link is not None and link.session.state & Endpoint.LOCAL_ACTIVE:
+            link.session.close()
 
     # --- shutdown -----------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ worker thread and hands it to the destination on the reactor thread. Entry point
 from qpid_flow_rabbitmq_depth.addresses import queue_name
 from qpid_flow_rabbitmq_depth.plugin import RabbitMQDepth
 from qpid_flow_rabbitmq_depth.reader import BrokerUnavailable, DepthReader, PikaDepthReader
-from qpid_flow_rabbitmq_depth.settings import Settings, parse_settings
+from qpid_flow_rabbitmq_depth.settings import Settings, check_settings, parse_settings
 from qpid_flow_rabbitmq_depth.worker import DepthWorker
 
 __version__ = "0.1.0"
@@ -22,6 +22,7 @@ __all__ = [
     "PikaDepthReader",
     "RabbitMQDepth",
     "Settings",
+    "check_settings",
     "parse_settings",
     "plugin",
     "queue_name",

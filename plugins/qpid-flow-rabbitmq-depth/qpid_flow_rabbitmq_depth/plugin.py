@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 from qpid_flow import hookimpl
+from qpid_flow.config import is_pattern
 
 from qpid_flow_rabbitmq_depth.reader import DepthReader, PikaDepthReader
-from qpid_flow_rabbitmq_depth.settings import PLUGIN_NAME, Settings, parse_settings
+from qpid_flow_rabbitmq_depth.settings import PLUGIN_NAME, Settings, check_settings, parse_settings
 from qpid_flow_rabbitmq_depth.worker import DepthWorker
 
 if TYPE_CHECKING:
@@ -55,11 +56,13 @@ class RabbitMQDepth:
 
     @hookimpl
     def qpid_flow_configure(self, config: RouterConfig) -> None:
+        table = config.plugin_settings(PLUGIN_NAME)
         if config.broker is None:
+            check_settings(table)  # a bad value stops the start in this mode too
             self.settings = None  # standalone: qpid-flow's own count is the real depth
             return
         # The first broker of the failover list: the one qpid-flow tries first.
-        self.settings = parse_settings(config.plugin_settings(PLUGIN_NAME), config.broker_addresses[0].url)
+        self.settings = parse_settings(table, config.broker_addresses[0].url)
         # Built now, so destinations created before the thread starts are not missed.
         self.worker = DepthWorker(
             self._reader_factory(self.settings),
@@ -67,6 +70,20 @@ class RabbitMQDepth:
             self.settings.interval,
             broker=self.settings.display_url,
         )
+        self._watch_configured(config, self.worker)
+
+    @staticmethod
+    def _watch_configured(config: RouterConfig, worker: DepthWorker) -> None:
+        """Read the destinations named in the configuration from the worker's first poll.
+
+        The router creates them only after qpid_flow_started, when the worker thread has
+        already made its first poll (with nothing to read); added by
+        qpid_flow_destination_created they would wait FRESH_DELAY, and a backlog present at
+        start would count only a second later. No client can attach before the router
+        runs, so no attach is declaring their queues for the read to race."""
+        for name in config.destinations:
+            if not is_pattern(name):
+                worker.add(name, read_at_once=True)
 
     @hookimpl
     def qpid_flow_started(self, control: RouterControl) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pika
 from qpid_flow.config import ConfigError, parse_duration
 
-__all__ = ["PLUGIN_NAME", "Settings", "default_amqp091_url", "parse_settings"]
+__all__ = ["PLUGIN_NAME", "Settings", "check_settings", "default_amqp091_url", "parse_settings"]
 
 PLUGIN_NAME = "rabbitmq_depth"
 DEFAULT_INTERVAL = "2s"
@@ -79,6 +79,20 @@ def default_amqp091_url(broker: str) -> str:
 
 def parse_settings(table: Mapping[str, Any], broker: str) -> Settings:
     """Validate the plugin's table; ``broker`` is the router's AMQP 1.0 broker URL."""
+    interval, url, vhost = _validated(table)
+    if url is None:
+        url = default_amqp091_url(broker)
+    return Settings(interval=interval, amqp091_url=url, vhost=vhost)
+
+
+def check_settings(table: Mapping[str, Any]) -> None:
+    """Validate the plugin's table standalone, where nothing reads it: a bad value stops
+    qpid-flow at start in either mode, not on the day a broker is configured."""
+    _validated(table)
+
+
+def _validated(table: Mapping[str, Any]) -> tuple[float, str | None, str]:
+    """(interval, amqp091_url or None when not given, vhost); ConfigError naming the key."""
     known = ("interval", "amqp091_url", "vhost")
     for key, value in table.items():
         if key not in known:
@@ -93,11 +107,9 @@ def parse_settings(table: Mapping[str, Any], broker: str) -> Settings:
         raise ConfigError(_key("vhost"), vhost, "must be a non-empty string")
 
     url = table.get("amqp091_url")
-    if url is None:
-        url = default_amqp091_url(broker)
-    else:
+    if url is not None:
         _check_url(url)
-    return Settings(interval=interval, amqp091_url=url, vhost=vhost)
+    return interval, url, vhost
 
 
 def _check_url(url: Any) -> None:

@@ -66,15 +66,20 @@ class DepthWorker:
 
     # --- any thread -------------------------------------------------------------------------
 
-    def add(self, address: str) -> bool:
-        """Watch ``address``; False (and ignored) when it names no single queue."""
+    def add(self, address: str, *, read_at_once: bool = False) -> bool:
+        """Watch ``address``; False (and ignored) when it names no single queue.
+
+        It is first read FRESH_DELAY after it came, unless ``read_at_once``: an address
+        known before any client can attach (one named in the configuration) has no attach
+        declaring its queue to race, and is read from the first poll."""
         name = queue_name(address)
         if name is None:
             return False
         with self._lock:
             if address not in self._queues:
                 self._queues[address] = name
-                self._fresh[address] = self._clock() + FRESH_DELAY
+                if not read_at_once:
+                    self._fresh[address] = self._clock() + FRESH_DELAY
         self._wake.set()
         return True
 

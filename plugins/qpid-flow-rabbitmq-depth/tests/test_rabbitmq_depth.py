@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pika.exceptions
 import pytest
-from qpid_flow.config import ConfigError, RouterConfig
+from qpid_flow.config import ConfigError, DestinationPolicy, RouterConfig
 
 from qpid_flow_rabbitmq_depth import (
     PikaDepthReader,
@@ -241,25 +241,26 @@ def test_settings_given() -> None:
     assert parse_settings({"interval": 3}, BROKER).interval == 3.0
 
 
-@pytest.mark.parametrize(
-    ("table", "key"),
-    [
-        ({"interval": "soon"}, "plugins.rabbitmq_depth.interval"),
-        ({"interval": "0s"}, "plugins.rabbitmq_depth.interval"),
-        ({"interval": "10ms"}, "plugins.rabbitmq_depth.interval"),
-        ({"interval": -1}, "plugins.rabbitmq_depth.interval"),
-        ({"interval": True}, "plugins.rabbitmq_depth.interval"),
-        ({"vhost": ""}, "plugins.rabbitmq_depth.vhost"),
-        ({"vhost": 3}, "plugins.rabbitmq_depth.vhost"),
-        ({"amqp091_url": "http://mq:15672"}, "plugins.rabbitmq_depth.amqp091_url"),
-        ({"amqp091_url": "mq:5672"}, "plugins.rabbitmq_depth.amqp091_url"),
-        ({"amqp091_url": 5672}, "plugins.rabbitmq_depth.amqp091_url"),
-        ({"amqp091_url": "amqp://mq:5672/prod"}, "plugins.rabbitmq_depth.amqp091_url"),
-        ({"amqp091_url": "amqp://mq:5672/?bogus=1"}, "plugins.rabbitmq_depth.amqp091_url"),
-        ({"amqp091_url": "amqp://mq:99999"}, "plugins.rabbitmq_depth.amqp091_url"),
-        ({"url": "amqp://mq"}, "plugins.rabbitmq_depth.url"),
-    ],
-)
+# Each bad table and the key its error names.
+BAD_SETTINGS = [
+    ({"interval": "soon"}, "plugins.rabbitmq_depth.interval"),
+    ({"interval": "0s"}, "plugins.rabbitmq_depth.interval"),
+    ({"interval": "10ms"}, "plugins.rabbitmq_depth.interval"),
+    ({"interval": -1}, "plugins.rabbitmq_depth.interval"),
+    ({"interval": True}, "plugins.rabbitmq_depth.interval"),
+    ({"vhost": ""}, "plugins.rabbitmq_depth.vhost"),
+    ({"vhost": 3}, "plugins.rabbitmq_depth.vhost"),
+    ({"amqp091_url": "http://mq:15672"}, "plugins.rabbitmq_depth.amqp091_url"),
+    ({"amqp091_url": "mq:5672"}, "plugins.rabbitmq_depth.amqp091_url"),
+    ({"amqp091_url": 5672}, "plugins.rabbitmq_depth.amqp091_url"),
+    ({"amqp091_url": "amqp://mq:5672/prod"}, "plugins.rabbitmq_depth.amqp091_url"),
+    ({"amqp091_url": "amqp://mq:5672/?bogus=1"}, "plugins.rabbitmq_depth.amqp091_url"),
+    ({"amqp091_url": "amqp://mq:99999"}, "plugins.rabbitmq_depth.amqp091_url"),
+    ({"url": "amqp://mq"}, "plugins.rabbitmq_depth.url"),
+]
+
+
+@pytest.mark.parametrize(("table", "key"), BAD_SETTINGS)
 def test_bad_settings_name_the_key(table: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as raised:
         parse_settings(table, BROKER)
@@ -272,10 +273,19 @@ def test_configure_refuses_bad_settings_through_the_hook() -> None:
         make_plugin(FakeBroker()).qpid_flow_configure(config=config(interval="often"))
 
 
+@pytest.mark.parametrize(("table", "key"), BAD_SETTINGS)
+def test_standalone_refuses_bad_settings_too(table: dict[str, Any], key: str) -> None:
+    """The README says a bad value stops qpid-flow at start, naming the key; standalone,
+    the table was not even read, and a mistake waited for the day a broker was set."""
+    with pytest.raises(ConfigError) as raised:
+        make_plugin(FakeBroker()).qpid_flow_configure(config=config(broker=None, **table))
+    assert raised.value.key == key
+
+
 def test_standalone_does_nothing_at_all() -> None:
     broker = FakeBroker({"orders": 5})
     p = make_plugin(broker, threaded=True)
-    p.qpid_flow_configure(config=config(broker=None, interval="nonsense is not even read"))
+    p.qpid_flow_configure(config=config(broker=None, interval="1s", vhost="prod"))
     control = FakeControl(FakeDestination("orders"))
     p.qpid_flow_started(control=as_control(control))
     p.qpid_flow_destination_created(destination=as_destination(FakeDestination("orders")))
@@ -422,6 +432,28 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return condition()
+
+
+def test_a_backlog_of_a_configured_destination_counts_from_the_poll_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router creates the destinations named in its configuration after
+    qpid_flow_started: the worker's poll at start found nothing to read, and they were
+    read FRESH_DELAY later, as if a client's attach had just made them. Now the plugin
+    watches them from qpid_flow_configure, with no delay (patterns and exchanges aside)."""
+    monkeypatch.setattr(worker_module, "FRESH_DELAY", 30.0)  # any later read would be too late
+    broker = FakeBroker({"orders": 50, "eu": 3})
+    orders, eu = FakeDestination("orders"), FakeDestination("/queue/eu")
+    destinations = {name: DestinationPolicy.of(name) for name in ("orders", "/queue/eu", "audit.>", "/exchange/x")}
+    p = make_plugin(broker, threaded=True)
+    p.qpid_flow_configure(config=RouterConfig(broker=BROKER, plugins={}, destinations=destinations))
+    assert p.worker is not None
+    assert sorted(p.worker.addresses) == ["/queue/eu", "orders"]
+    p.qpid_flow_started(control=as_control(FakeControl(orders, eu)))  # the thread polls at once
+    try:
+        for destination in (orders, eu):  # then the router creates them (create_configured)
+            p.qpid_flow_destination_created(destination=as_destination(destination))
+        assert wait_for(lambda: orders.backlogs == [50] and eu.backlogs == [3])
+    finally:
+        p.qpid_flow_stopping()
 
 
 def test_the_thread_polls_at_start_retries_through_an_outage_and_stops(logs: RecordingLog) -> None:

@@ -58,3 +58,11 @@ def test_a_bad_setting_refuses_the_start_naming_the_key(qpid_flow_router: Callab
             start_timeout=20,
         )
     assert "plugins.rabbitmq_depth.interval" in str(caught.value)
+
+
+def test_a_bad_setting_refuses_a_standalone_start_too(qpid_flow_router: Callable[..., RouterProcess]) -> None:
+    """Standalone, the plugin reads nothing, but its table is still checked: a mistake is
+    found now, not on the day a broker is configured."""
+    with pytest.raises(RouterStartError) as caught:
+        qpid_flow_router(config_text='[plugins.rabbitmq_depth]\nvhost = ""\n', start_timeout=20)
+    assert "plugins.rabbitmq_depth.vhost" in str(caught.value)

@@ -1,0 +1,152 @@
+"""qpid-flow's own reader of grouped destinations against brokers that misbehave: one that
+closes every connection as soon as it is open, and RabbitMQ ending the reader's session."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from proton import Delivery, Message, Timeout
+from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached
+
+from .clients import unique
+from .harness.broker import Broker
+from .harness.net import free_port, wait_for_port
+from .harness.router import StartRouter
+
+pytestmark = pytest.mark.integration
+
+# A broker at its connection limit: it answers every open, then closes the connection at
+# once with amqp:resource-limit-exceeded. A process of its own, so the test can end it.
+AT_CONNECTION_LIMIT = """
+import sys
+from proton import Condition, Handler
+from proton.reactor import Container
+
+class AtLimit(Handler):
+    def on_connection_bound(self, event):
+        event.transport.sasl().allowed_mechs("ANONYMOUS")
+
+    def on_connection_remote_open(self, event):
+        event.connection.open()
+        event.connection.condition = Condition("amqp:resource-limit-exceeded", "connection limit reached")
+        event.connection.close()
+
+container = Container(AtLimit())
+container.listen(f"127.0.0.1:{sys.argv[1]}")
+container.run()
+"""
+
+
+def grouped_config(address: str, extra: str = "") -> str:
+    return f'{extra}[destinations."{address}"]\nshared_groups = true\nmax_count = 0\nmax_size = 0\n'
+
+
+def events(log_text: str, name: str) -> list[dict[str, object]]:
+    found = []
+    for line in log_text.splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and record.get("event") == name:
+                found.append(record)
+    return found
+
+
+@pytest.fixture
+def broker_at_connection_limit() -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", AT_CONNECTION_LIMIT, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        assert wait_for_port("127.0.0.1", port, 15, alive=lambda: process.poll() is None), process.stderr
+        yield f"amqp://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def test_the_reader_backs_off_from_a_broker_that_closes_each_connection_at_once(
+    broker_at_connection_limit: str, qpid_flow_process: StartRouter
+) -> None:
+    """Every connection got its open, and that reset the back-off: the reader reconnected
+    about ten times a second, for good (97 connections in 10 s). Now a connection closed at
+    once is a failed attempt, and the delay doubles up to reconnect_max_delay."""
+    address = unique("grouped-at-limit")
+    router = qpid_flow_process(
+        broker_url=broker_at_connection_limit,
+        config_text=grouped_config(address, extra='reconnect_max_delay = "2s"\n'),
+        extra_args=["--disable-plugin", "rabbitmq_depth"],
+    )
+    time.sleep(6)  # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 + 2 s of back-off: about 7 connections
+    log = router.log_text()
+    assert len(events(log, "upstream_closed_by_broker")) >= 3, router.log_tail()  # the broker did answer
+    attempts = events(log, "upstream_connecting")
+    assert len(attempts) <= 10, f"{len(attempts)} connections in 6 s"
+    assert max(float(str(attempt["attempt_delay"])) for attempt in attempts) == 2.0
+
+
+def receive_all(receiver: BlockingReceiver, quiet: float) -> list[str]:
+    """Bodies received until none comes for ``quiet`` seconds, each accepted."""
+    bodies = []
+    with contextlib.suppress(Timeout):
+        while True:
+            bodies.append(str(receiver.receive(timeout=quiet).body))
+            receiver.accept()
+    return bodies
+
+
+def settle_undeliverable_here(receiver: BlockingReceiver) -> None:
+    """Settle the oldest unsettled delivery of ``receiver`` modified, undeliverable-here and
+    not failed: RabbitMQ 3.10 cannot map that outcome and ends the session it came on with
+    amqp:invalid-field (through qpid-flow: its reader's session)."""
+    delivery = receiver.fetcher.unsettled.popleft()
+    delivery.local.undeliverable = True
+    delivery.update(Delivery.MODIFIED)
+    delivery.settle()
+
+
+def test_after_the_broker_ends_the_reader_s_session_a_new_consumer_gets_each_message_once(
+    rabbitmq: Broker, qpid_flow_process: StartRouter
+) -> None:
+    """RabbitMQ ended the session of qpid-flow's reader (an outcome it cannot map): the
+    consumer was detached, but what the reader had fetched stayed in qpid-flow, and a later
+    consumer got those stale copies (their accepts went to the dead link) and then every
+    message again from the broker. Now they are forgotten with the reader's session: the
+    later consumer gets each message once, and its accepts reach the broker."""
+    address = unique("grouped-session-ended")
+    router = qpid_flow_process(
+        broker_url=rabbitmq.url,
+        config_text=grouped_config(address),
+        extra_args=["--disable-plugin", "rabbitmq_depth"],
+    )
+    bodies = [f"m{n}" for n in range(4)]
+    direct = BlockingConnection(rabbitmq.url, timeout=15)
+    first = BlockingConnection(router.url, timeout=15)
+    later = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = direct.create_sender(address)
+        for body in bodies:
+            sender.send(Message(body=body, group_id="A"))
+        holder = first.create_receiver(address, credit=1)
+        assert holder.receive(timeout=15).body == "m0"  # the others fetched, waiting for group A's owner
+        settle_undeliverable_here(holder)
+        with pytest.raises(LinkDetached) as detached:
+            first.wait(lambda: False, timeout=15)
+        assert "amqp:invalid-field" in str(detached.value)
+
+        receiver = later.create_receiver(address, credit=20)
+        assert receive_all(receiver, quiet=3) == bodies
+    finally:
+        for connection in (first, later, direct):
+            with contextlib.suppress(Exception):
+                connection.close()
+    # qpid-flow gone, whatever its reader held unsettled is ready again: nothing, if the
+    # accepts reached the broker.
+    router.stop()
+    assert rabbitmq.queue_depth(address) == 0, "the accepts did not reach the broker"
