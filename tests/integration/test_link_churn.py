@@ -102,11 +102,8 @@ def test_link_churn_on_one_connection_standalone(qpid_flow_process: StartRouter)
     assert figures["end"] - figures["warm"] < GROWTH_LIMIT, figures
 
 
-def test_link_churn_on_one_connection_in_front_of_rabbitmq(
-    rabbitmq: Broker, qpid_flow_process: StartRouter
-) -> None:
+def test_link_churn_on_one_connection_in_front_of_rabbitmq(rabbitmq: Broker, qpid_flow_process: StartRouter) -> None:
     router = qpid_flow_process(broker_url=rabbitmq.url)
     url = f"amqp://{rabbitmq.user}:{rabbitmq.password}@{router.host}:{router.port}"
     figures = _churn(url, f"/queue/{unique('churn')}", router.resident_bytes)
     assert figures["end"] - figures["warm"] < GROWTH_LIMIT, figures
-

@@ -374,6 +374,6 @@ def test_before_any_message_is_seen_every_producer_link_gets_a_full_window() -> 
     grants = []
     for _ in range(3):
         producer = attach(registry, "fresh")
-        producer.credit = hooks.producer_credit(producer=producer, destination=fresh)
+        producer.credit = hooks.producer_credit(producer=producer, destination=fresh) or 0
         grants.append(producer.credit)
     assert grants == [100, 100, 100]
