@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from qpid_flow.config import DestinationPolicy, RouterConfig, build_config
 from qpid_flow.core.destination import Destination
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Consumer, Message, Producer
-from qpid_flow.plugin.manager import Hooks, build_plugin_manager
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager, module_plugin, require_hooks
 
 __all__ = [
     "ManualControl",
@@ -65,13 +66,17 @@ def make_hooks(*plugins: object, config: RouterConfig | Mapping[str, Any] | None
     plugin's ``qpid_flow_configure`` runs; ``config`` is a RouterConfig or a parsed TOML
     table, default: none). Other installed plugins (entry points, ``$QPID_FLOW_PLUGINS``)
     are left out, so a test sees only the plugins it names; a plugin installed through an
-    entry point may be passed as it is."""
+    entry point may be passed as it is. A module is loaded as ``QPID_FLOW_PLUGINS`` loads
+    it (its ``plugin`` object when it has one); a plugin implementing no hook raises
+    ConfigError, as it stops qpid-flow's start."""
     table = {} if isinstance(config, RouterConfig) or config is None else dict(config)
     disabled = config.disable_plugins if isinstance(config, RouterConfig) else table.get("disable_plugins", ())
     pm = build_plugin_manager(disabled, installed=False)
-    for index, plugin in enumerate(plugins):
+    for index, given in enumerate(plugins):
+        plugin = module_plugin(given, pm) if isinstance(given, types.ModuleType) else given
         if not pm.is_registered(plugin):
             pm.register(plugin, name=f"{type(plugin).__name__.lower()}-{index}")
+            require_hooks(pm, plugin, "make_hooks")
     if not isinstance(config, RouterConfig):
         config = build_config(table, plugins=pm)
     Hooks(pm, through_pluggy=False).configure(config=config, manager=pm)

@@ -215,7 +215,12 @@ ROUTER_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "qpid_flow_memory_over_limit", "gauge", "1 while the held bytes are over memory_limit (every producer held)."
     ),
-    MetricSpec("qpid_flow_plugin_errors", "counter", "Exceptions raised by plugins, by hook.", ("hook",)),
+    MetricSpec(
+        "qpid_flow_plugin_errors",
+        "counter",
+        "Exceptions raised and wrong answers given by plugins, by hook.",
+        ("hook",),
+    ),
     MetricSpec("qpid_flow_destinations", "gauge", "Destinations that exist now."),
     MetricSpec(
         "qpid_flow_metrics_destinations_aggregated",

@@ -11,6 +11,7 @@ settlement on every link, and the messaging layer's conveniences cost time per m
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from qpid_flow.amqp.endpoints import (
 from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.messages import with_message_annotations
 from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, apply_settlement, apply_transactional, remote_settlement
+from qpid_flow.amqp.timers import Call
 from qpid_flow.core.credit import window_need
 from qpid_flow.core.jms_selector import (
     SELECTOR_FILTER_CODE,
@@ -45,6 +47,7 @@ from qpid_flow.core.jms_selector import (
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Admit, Consumer, Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.core.transactions import UNKNOWN_ID, Transaction, settlement_from_outcome
+from qpid_flow.plugin.manager import CREDIT_AFTER_FAILURE
 from qpid_flow.security.access import ANONYMOUS_USER, AccessPolicy, ConnectionLimits, Direction
 
 if TYPE_CHECKING:
@@ -67,6 +70,21 @@ _connection_ids = itertools.count(1)
 # What a transfer gets when others to its address are held (whatever a policy answered,
 # short of a rejection): it joins the end of that line.
 _BEHIND_HELD = Hold("behind the transfers held for this address")
+# After the credit policy failed for a link: the pause before it is asked again, in
+# seconds, doubled at each failure in a row up to the longest.
+CREDIT_RETRY_FIRST = 1.0
+CREDIT_RETRY_LONGEST = 30.0
+
+
+class _CreditRetry:
+    """A producer link whose credit policy failed (kept on the link): the pause before the
+    policy is asked again, and whether that is scheduled already."""
+
+    __slots__ = ("delay", "pending")
+
+    def __init__(self, delay: float, pending: bool) -> None:
+        self.delay = delay
+        self.pending = pending
 
 
 @contain_errors
@@ -679,6 +697,12 @@ class Router(Handler):
         elif isinstance(decision, Hold):
             self._held.setdefault(destination.address, []).append(message)
             self.memory.add(message.size)
+        else:
+            # The hook caller lets nothing else through; whatever this is, the transfer gets
+            # an outcome rather than vanishing unsettled.
+            log.error("plugin_error", hook="qpid_flow_transfer_arrived", answer=repr(decision))
+            failed = Reject("a qpid-flow policy gave no valid answer for this transfer", "amqp:internal-error")
+            self._apply_decision(failed, destination, message)
 
     def _refuse_transfer(
         self, producer: Producer, link: Link, delivery: LeanDelivery, presettled: bool, condition: str, description: str
@@ -737,12 +761,43 @@ class Router(Handler):
             return
         destination = self.destinations.find(producer.address) if producer.address else None
         credit = self.hooks.producer_credit(producer=producer, destination=destination)
+        if credit is CREDIT_AFTER_FAILURE:
+            self._ask_credit_again_later(producer, link)
+            return
         if credit is None:  # no plugin has an opinion: a plain window
             credit = window_need(self.config.producer_window, producer)
         if credit:
             link.flow(credit)
             producer.credit += credit
             producer.last_grant = producer.credit
+        if kept(link, "qf_credit_retry"):
+            link.qf_credit_retry = None  # the policy answered again: a next failure waits the least
+
+    def _ask_credit_again_later(self, producer: Producer, link: Link) -> None:
+        """The credit policy failed for this link (a plugin raised, or answered no credit
+        count), so it got none this time. A link with no credit sends nothing, and nothing
+        else would ask again: ask again after a pause, doubled while the policy keeps failing
+        (each failure is logged)."""
+        retry: _CreditRetry | None = kept(link, "qf_credit_retry")
+        if retry is not None and retry.pending:
+            return
+        reactor = kept(link.connection, "_reactor")  # the container that runs the connection (event.container)
+        if reactor is None:
+            return  # not run by a reactor (a test's bare engine): nothing to ask again with
+        delay = min(retry.delay * 2, CREDIT_RETRY_LONGEST) if retry is not None else CREDIT_RETRY_FIRST
+        link.qf_credit_retry = _CreditRetry(delay, pending=True)
+        reactor.schedule(delay, Call(functools.partial(self._ask_credit_again, producer.id)))
+
+    def _ask_credit_again(self, producer_id: int) -> None:
+        """The pause after a failed credit policy is over: ask it again, if the link is still there."""
+        entry = self._producers.get(producer_id)
+        if entry is None:
+            return  # the link went meanwhile
+        producer, link = entry
+        retry: _CreditRetry | None = kept(link, "qf_credit_retry")
+        if retry is not None:
+            retry.pending = False
+        self._grant(producer, link)
 
     def grant_all(self, address: str | None = None) -> None:
         """Re-ask the credit policy for every producer (of ``address``, if given)."""
@@ -993,9 +1048,16 @@ def selector_in_force(source: Terminus) -> tuple[Selector | None, dict[Any, Any]
 
 
 def _answer_source(link: Link, applied: dict[Any, Any]) -> None:
-    """The source in a consumer's attach answer: the client's, listing only the filters in
-    force (AMQP 1.0 3.5.8): one not applied is left out, so the client can tell."""
+    """The source in a standalone consumer's attach answer: the client's, listing only the
+    filters in force (AMQP 1.0 3.5.8): one not applied is left out, so the client can tell.
+
+    Its durability and expiry are what qpid-flow gives, not what the client asked: nothing
+    of a link outlives it (no unsettled state kept, the terminus gone at detach), so a
+    client asking a durable subscription learns from the answer that it has none."""
     link.source.copy(link.remote_source)
+    link.source.durability = Terminus.NONDURABLE
+    link.source.expiry_policy = Terminus.EXPIRE_WITH_LINK
+    link.source.timeout = 0
     _answer_filters(link, applied)
 
 

@@ -36,7 +36,7 @@ from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.registry import Destinations
 from qpid_flow.core.standalone import StandaloneBackend
 from qpid_flow.plugin.control import RouterControl
-from qpid_flow.plugin.manager import Hooks, build_plugin_manager
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager, disabled_plugins, loaded_plugins
 from qpid_flow.security.auth import Authenticator
 from qpid_flow.security.tls import broker_context, listener_context
 
@@ -133,7 +133,8 @@ class Server(Handler):
             listen=self.config.listen,
             admin=self._admin_address(),
             mode="standalone" if self.config.broker is None else "broker",
-            plugins=sorted(name for name, _ in self.hooks.pm.list_name_plugin()),
+            plugins=loaded_plugins(self.hooks.pm),
+            disabled=disabled_plugins(self.hooks.pm),
         )
         self.container.schedule(
             _HOUSEKEEPING_INTERVAL,

@@ -82,8 +82,9 @@ def qpid_flow_configure(config: RouterConfig, manager: pluggy.PluginManager) -> 
     Read this plugin's ``[plugins.NAME]`` table here. Raise
     :class:`~qpid_flow.config.ConfigError` (``ConfigError(key, value, rule)``) to refuse
     the configuration (a setting breaks a rule, a file cannot be written): qpid-flow then
-    does not start, and prints the error's one line. Any other exception is logged as
-    ``plugin_error`` and the start goes on.
+    does not start, and prints the error's one line (the first refusal's, once every
+    plugin's ``qpid_flow_configure`` has been called). Any other exception is logged as
+    ``plugin_error`` and the start goes on; it keeps no other plugin from being configured.
 
     :param config: the router configuration; a plugin's own settings are in
         ``config.plugin_settings(name)`` (the ``[plugins.NAME]`` table of the file, empty
@@ -121,6 +122,8 @@ def qpid_flow_started(control: RouterControl) -> None:
 
     Historic: a plugin registered after the start (a debugging session adding one to the
     running router's plugin manager) is called with the same ``control`` as it registers.
+    Every plugin gets ``control``, whichever of them raises (the exception is logged as
+    ``plugin_error``).
 
     :param control: what a plugin may do to the router later: schedule a timer, hand work
         over from a thread of its own, tell the router that its answers changed
@@ -274,16 +277,22 @@ def qpid_flow_producer_credit(producer: Producer, destination: Destination | Non
     keeps ``producer_window`` messages of credit plus unsettled transfers per link, topped
     up in batches of at least half a window, and less, down to none, near or over the
     destination's stop thresholds, while an operator stopped its producers, or while the
-    router is over ``memory_limit``. If a plugin raises, the link gets no credit this time.
+    router is over ``memory_limit``. If a plugin raises, or answers something other than a
+    non-negative ``int`` or None (a float, a negative number, a bool), the error is logged
+    as ``plugin_error`` and the link gets no credit this time; as a link left with no
+    credit would never be asked again, it is asked again a second later, then after twice
+    as long each time the policy fails again, up to every 30 seconds (in front of a broker,
+    a link to a named address is asked again when the broker gives its upstream link
+    credit).
 
     :param producer: the link, with the credit it holds (``credit``), its transfers not
         yet settled (``unsettled``) and the credit it held after its last grant
         (``last_grant``).
     :param destination: the link's destination; None for an anonymous-relay link.
-    :return: the number of messages of credit to add (0 for none). None: no opinion; if no
-        plugin answers, standalone (and for an anonymous-relay link) the router tops the
-        link up to a plain ``producer_window``; in front of a broker a link to a named
-        address gets nothing.
+    :return: the number of messages of credit to add (an ``int``, 0 for none). None: no
+        opinion; if no plugin answers, standalone (and for an anonymous-relay link) the
+        router tops the link up to a plain ``producer_window``; in front of a broker a link
+        to a named address gets nothing.
     """
 
 
@@ -312,7 +321,9 @@ def qpid_flow_transfer_arrived(producer: Producer, message: Message, destination
     ``Reject`` or ``Hold`` for a stopped destination whose ``limit_policy`` is ``reject``
     or that has ``reject_after``, and ``Hold`` for a named-target link's transfer past
     stop + 1 or while an operator stopped its producers (credit it held from before). If
-    a plugin raises, the transfer is rejected with ``amqp:internal-error``.
+    a plugin raises, or answers anything else than these three or None (``False``, say),
+    the error is logged as ``plugin_error`` and the transfer is rejected with
+    ``amqp:internal-error``.
 
     :param producer: the link the transfer came on.
     :param message: the message; ``message.address`` is where it goes.

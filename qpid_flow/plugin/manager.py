@@ -2,29 +2,35 @@
 
 Registration order (pluggy asks the last registered first, so an installed plugin is
 asked before the built-ins; only the pass-through policy is also ``trylast``): built-ins,
-then plugins from the ``qpid_flow`` entry-point group, then modules named in
+then plugins from the ``qpid_flow`` entry-point group, then the plugins named in
 ``$QPID_FLOW_PLUGINS``. Any of them can be disabled by name
 (``disable_plugins`` in the configuration, ``--disable-plugin`` or
 ``$QPID_FLOW_DISABLE_PLUGINS``).
 
-A plugin that raises never takes the router down: the error is logged, and a
-question hook falls back to the safest answer (no credit, reject the transfer,
-let the message wait).
+A plugin that raises never takes the router down, nor keeps the other plugins from being
+called: each implementation is called under its own guard, the error is logged naming the
+plugin, and a question hook falls back to the safest answer (no credit, reject the
+transfer, let the message wait). So does a question answered with a value of the wrong
+type.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import os
+import types
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import pluggy
 import structlog
 
-from qpid_flow.core.model import Hold, Reject
+from qpid_flow.config import ConfigError
+from qpid_flow.core.model import Admit, Hold, Reject
 
 if TYPE_CHECKING:
     from qpid_flow.config import DestinationPolicy, RouterConfig
@@ -34,15 +40,29 @@ if TYPE_CHECKING:
     from qpid_flow.plugin.declarations import AdminRoute, DestinationSetting
 from qpid_flow.plugin import hookspecs
 
-__all__ = ["BUILTIN_PLUGINS", "PLUGIN_ERRORS", "Hooks", "build_plugin_manager"]
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "CREDIT_AFTER_FAILURE",
+    "PLUGIN_ERRORS",
+    "Hooks",
+    "build_plugin_manager",
+    "disabled_plugins",
+    "load_plugin",
+    "loaded_plugins",
+    "module_plugin",
+    "require_hooks",
+]
 
 log = structlog.get_logger(__name__)
 
-# Exceptions plugins raised, by hook (qpid_flow_plugin_errors_total): counted on the error
-# path only, read by the metrics at scrape time.
+# Exceptions plugins raised and answers of the wrong type they gave, by hook
+# (qpid_flow_plugin_errors_total): counted on the error path only, read by the metrics at
+# scrape time.
 PLUGIN_ERRORS: Counter[str] = Counter()
 
 ENTRY_POINT_GROUP = "qpid_flow"
+PLUGINS_ENVIRONMENT = "QPID_FLOW_PLUGINS"
+DISABLE_ENVIRONMENT = "QPID_FLOW_DISABLE_PLUGINS"
 
 # name -> module; each module's ``Plugin()`` is registered (its methods carry @hookimpl).
 BUILTIN_PLUGINS: dict[str, str] = {
@@ -59,10 +79,13 @@ def _names_from_env(variable: str) -> list[str]:
 
 def build_plugin_manager(disabled: Iterable[str] = (), *, installed: bool = True) -> pluggy.PluginManager:
     """A plugin manager with every hook, the built-ins, and (``installed``) the plugins of
-    the entry-point group and of ``$QPID_FLOW_PLUGINS``."""
+    the entry-point group and of ``$QPID_FLOW_PLUGINS``.
+
+    Raises ConfigError (qpid-flow does not start, and prints its one line) when an installed
+    plugin implements no hook: it was most likely loaded wrong, and would do nothing."""
     pm = pluggy.PluginManager("qpid_flow")
     pm.add_hookspecs(hookspecs)
-    blocked = set(disabled) | set(_names_from_env("QPID_FLOW_DISABLE_PLUGINS"))
+    blocked = set(disabled) | set(_names_from_env(DISABLE_ENVIRONMENT))
     for name in blocked:
         pm.set_blocked(name)
     for name, module_name in BUILTIN_PLUGINS.items():
@@ -70,41 +93,151 @@ def build_plugin_manager(disabled: Iterable[str] = (), *, installed: bool = True
             pm.register(importlib.import_module(module_name).Plugin(), name=name)
     if installed:
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        for module_name in _names_from_env("QPID_FLOW_PLUGINS"):
-            if module_name not in blocked and pm.get_plugin(module_name) is None:
-                pm.register(importlib.import_module(module_name), name=module_name)
+        for plugin, distribution in pm.list_plugin_distinfo():
+            require_hooks(pm, plugin, f"[project.entry-points.{ENTRY_POINT_GROUP}] of {distribution.project_name}")
+        for spec in _names_from_env(PLUGINS_ENVIRONMENT):
+            if spec not in blocked and pm.get_plugin(spec) is None:
+                plugin = load_plugin(spec, pm)
+                pm.register(plugin, name=spec)
+                require_hooks(pm, plugin, PLUGINS_ENVIRONMENT)
     pm.check_pending()
     return pm
 
 
-def _caller_source(spec_args: tuple[str, ...], impl_args: list[tuple[str, ...]], mode: str) -> str:
-    """The text of a caller taking the hook's arguments by keyword and calling each
-    implementation (``f0``, ``f1``, ... in pluggy's order) with the ones it names.
+def load_plugin(spec: str, pm: pluggy.PluginManager) -> object:
+    """The plugin an entry of ``$QPID_FLOW_PLUGINS`` names: ``module:attribute`` is that
+    object (as an entry point names one); a bare ``module`` is its ``plugin`` object when that
+    implements a hook (the layout docs/plugins.md shows, hooks as methods of ``plugin =
+    Plugin()``), else the module itself (hooks as module functions)."""
+    module_name, _, attribute = spec.partition(":")
+    module = importlib.import_module(module_name)
+    if attribute:
+        return functools.reduce(getattr, attribute.split("."), module)
+    return module_plugin(module, pm)
 
-    ``mode``: ``"first"`` (the first non-None answer, else None), ``"collect"`` (the list of
-    non-None answers) or ``"notify"`` (nothing)."""
-    lines = [f"def call(*, {', '.join(spec_args)}):" if spec_args else "def call():", "    try:"]
+
+def module_plugin(module: types.ModuleType, pm: pluggy.PluginManager) -> object:
+    """What to register for ``module``: its ``plugin`` object when that implements a hook,
+    else the module itself."""
+    plugin = getattr(module, "plugin", None)
+    return plugin if plugin is not None and _hook_names(pm, plugin) else module
+
+
+def _hook_names(pm: pluggy.PluginManager, plugin: object) -> list[str]:
+    """The hooks ``plugin`` implements (its attributes carrying ``@hookimpl``), as pluggy finds them."""
+    return [name for name in dir(plugin) if pm.parse_hookimpl_opts(plugin, name) is not None]
+
+
+def require_hooks(pm: pluggy.PluginManager, plugin: object, where: str) -> None:
+    """Raises ConfigError (``where`` is its key) when ``plugin``, registered, implements no hook."""
+    if not pm.get_hookcallers(plugin):
+        name = pm.get_name(plugin)
+        rule = "implements no qpid_flow hook (nothing in it carries @hookimpl); name the object that does: MODULE:NAME"
+        raise ConfigError(where, name, rule)
+
+
+def loaded_plugins(pm: pluggy.PluginManager) -> list[str]:
+    """The names of the plugins registered, sorted."""
+    # pluggy lists a blocked name too, with None for its plugin (even one that never existed).
+    return sorted(name for name, plugin in pm.list_name_plugin() if plugin is not None)
+
+
+def disabled_plugins(pm: pluggy.PluginManager) -> list[str]:
+    """The names disabled (blocked), sorted: built-ins and plugins left out, and names that
+    matched nothing."""
+    return sorted(name for name, plugin in pm.list_name_plugin() if plugin is None)
+
+
+# --- what a failing plugin costs: its own answer, never the others' ---------------------------
+
+
+class _NoCredit(int):
+    """An int that is 0: see :data:`CREDIT_AFTER_FAILURE`."""
+
+    __slots__ = ()
+
+
+# What qpid_flow_producer_credit answers when a plugin failed (raised, or answered something
+# that is not a credit): no credit, as 0 is, but told apart from a plugin's own 0 by
+# identity (``credit is CREDIT_AFTER_FAILURE``): a link with no credit sends nothing, so
+# nothing would ask for its credit again; the router asks again later.
+CREDIT_AFTER_FAILURE: Final[int] = _NoCredit(0)
+
+
+class _AnswerRule(NamedTuple):
+    """What a question hook's non-None answer must be: the data path relies on its type."""
+
+    valid: Callable[[Any], bool]
+    expected: str  # for the log
+    # When the answer is valid if and only if it is an instance of one of these: the
+    # compiled caller checks it inline (a function call costs more, once per message).
+    types: tuple[type, ...] = ()
+
+
+def _is_decision(answer: Any) -> bool:
+    return isinstance(answer, (Admit, Hold, Reject))
+
+
+def _is_credit(answer: Any) -> bool:
+    # bool is an int, but True is no credit anyone meant; a float or a negative number is
+    # refused by Proton (the connection closes) or by the client.
+    return isinstance(answer, int) and not isinstance(answer, bool) and answer >= 0
+
+
+_ANSWER_RULES: dict[str, _AnswerRule] = {
+    "qpid_flow_transfer_arrived": _AnswerRule(
+        _is_decision, "Admit(), Hold(...), Reject(...) or None", (Admit, Hold, Reject)
+    ),
+    "qpid_flow_producer_credit": _AnswerRule(_is_credit, "a non-negative int or None"),
+}
+
+
+def _plugin_raised(hook: str, plugin: str | None, error: BaseException | None = None) -> None:
+    """Log and count an exception of ``plugin``'s implementation of ``hook`` (the one being
+    handled, unless ``error`` is given)."""
+    PLUGIN_ERRORS[hook] += 1
+    log.error("plugin_error", hook=hook, plugin=plugin, exc_info=error or True)
+
+
+def _plugin_answered_wrong(hook: str, plugin: str | None, answer: Any) -> None:
+    PLUGIN_ERRORS[hook] += 1
+    expected = _ANSWER_RULES[hook].expected
+    log.error(
+        "plugin_error", hook=hook, plugin=plugin, answer=repr(answer), error=f"answered {answer!r}: not {expected}"
+    )
+
+
+# --- the fast callers: compiled for the implementations registered -----------------------------
+
+
+def _caller_source(
+    spec_args: tuple[str, ...], impl_args: list[tuple[str, ...]], mode: str, check: str | None = None
+) -> str:
+    """The text of a caller taking the hook's arguments by keyword and calling each
+    implementation (``f0``, ``f1``, ... in pluggy's order) with the ones it names, each under
+    its own ``try`` (free in CPython 3.11 until something raises): one plugin's exception
+    never keeps the others from being called.
+
+    ``mode``: ``"first"`` (the first non-None answer, else None; an implementation that
+    raises ends the call with ``failed(i)``, the safest answer), ``"collect"`` (the list of
+    non-None answers) or ``"notify"`` (nothing). ``check``: an expression of ``result``; a
+    first answer is returned only if it holds, else ``refused(i, result)``."""
+    lines = [f"def call(*, {', '.join(spec_args)}):" if spec_args else "def call():"]
     if mode == "collect":
-        lines.append("        results = []")
+        lines.append("    results = []")
     for index, args in enumerate(impl_args):
         invocation = f"f{index}({', '.join(args)})"
+        lines += ["    try:", f"        result = {invocation}" if mode != "notify" else f"        {invocation}"]
+        lines.append("    except Exception:")
         if mode == "first":
-            lines += [f"        result = {invocation}", "        if result is not None:", "            return result"]
+            answer = f"result if {check} else refused({index}, result)" if check else "result"
+            lines += [f"        return failed({index})", "    if result is not None:", f"        return {answer}"]
         elif mode == "collect":
-            lines += [
-                f"        result = {invocation}",
-                "        if result is not None:",
-                "            results.append(result)",
-            ]
+            lines += [f"        failed({index})", "    else:", "        if result is not None:"]
+            lines.append("            results.append(result)")
         else:
-            lines.append(f"        {invocation}")
-    lines.append("        return results" if mode == "collect" else "        return None")
-    lines += [
-        "    except Exception:",
-        "        PLUGIN_ERRORS[hook] += 1",
-        '        log.exception("plugin_error", hook=hook)',
-        "        return fallback",
-    ]
+            lines.append(f"        failed({index})")
+    lines.append("    return results" if mode == "collect" else "    return None")
     return "\n".join(lines)
 
 
@@ -121,67 +254,199 @@ def _compiled(caller: Any, mode: str, fallback: Any) -> Callable[..., Any] | Non
     impls = list(reversed(caller.get_hookimpls()))
     if caller.spec is None or any(impl.hookwrapper or impl.wrapper for impl in impls):
         return None
-    namespace: dict[str, Any] = {
-        "PLUGIN_ERRORS": PLUGIN_ERRORS,
-        "log": log,
-        "hook": caller.name,
-        "fallback": fallback,
-    }
+    hook = caller.name
+    names = [impl.plugin_name for impl in impls]
+    rule = _ANSWER_RULES.get(hook) if mode == "first" else None
+
+    def failed(index: int) -> Any:
+        _plugin_raised(hook, names[index])
+        return fallback
+
+    def refused(index: int, answer: Any) -> Any:
+        _plugin_answered_wrong(hook, names[index], answer)
+        return fallback
+
+    namespace: dict[str, Any] = {"failed": failed, "refused": refused}
     namespace.update({f"f{index}": impl.function for index, impl in enumerate(impls)})
-    source = _caller_source(tuple(caller.spec.argnames), [tuple(impl.argnames) for impl in impls], mode)
-    exec(compile(source, f"<qpid_flow hook caller {caller.name}>", "exec"), namespace)
+    check = None
+    if rule is not None:
+        namespace.update(valid=rule.valid, answer_types=rule.types)
+        check = "isinstance(result, answer_types)" if rule.types else "valid(result)"
+    source = _caller_source(tuple(caller.spec.argnames), [tuple(impl.argnames) for impl in impls], mode, check)
+    exec(compile(source, f"<qpid_flow hook caller {hook}>", "exec"), namespace)
     function: Callable[..., Any] = namespace["call"]
     return function
 
 
-def _guarded(caller: Any, fallback: Any, collect: bool = False) -> Callable[..., Any]:
+def _mode(caller: Any) -> str:
+    """How a hook's answers are read: the first (a question), all of them (the notifications
+    whose answers are read), none."""
+    if caller.spec is not None and caller.spec.opts.get("firstresult"):
+        return "first"
+    return "collect" if caller.name in _COLLECTED else "notify"
+
+
+def _guarded(caller: Any, fallback: Any) -> Callable[..., Any]:
     """The caller of a hook: compiled (:func:`_compiled`) unless an implementation is a
-    wrapper, then through pluggy; either way a plugin's exception is logged, counted and
-    answered with ``fallback``."""
-    hook = caller.name
-    firstresult = caller.spec is not None and caller.spec.opts.get("firstresult")
-    mode = "first" if firstresult else "collect" if collect else "notify"
-    compiled = _compiled(caller, mode, fallback)
-    if compiled is not None:
-        return compiled
+    wrapper, then through pluggy (:class:`_ThroughPluggy`); either way each implementation
+    is called under its own guard, and a question answered wrong or by a plugin that raised
+    gets ``fallback``."""
+    mode = _mode(caller)
+    return _compiled(caller, mode, fallback) or _ThroughPluggy(caller, mode, fallback)
 
-    def through_pluggy(**kwargs: Any) -> Any:
+
+# --- through pluggy: its wrappers, its order, its tracing, and a guard per implementation ------
+
+
+def _execute(caller: Any, impls: Sequence[pluggy.HookImpl], kwargs: dict[str, Any], firstresult: bool) -> Any:
+    """Call ``impls`` (``caller``'s, some replaced by guarded copies) as pluggy calls a hook:
+    with pluggy's own executor, the one ``HookCaller.__call__`` runs, so wrappers, order and
+    tracing (``QPID_FLOW_TRACE_HOOKS``) are pluggy's."""
+    return caller._hookexec(caller.name, list(impls), kwargs, firstresult)
+
+
+def _shielded(
+    impl: pluggy.HookImpl,
+    hook: str,
+    fallback: Any,
+    rule: _AnswerRule | None = None,
+    refusals: list[ConfigError] | None = None,
+) -> pluggy.HookImpl:
+    """A copy of ``impl`` that never raises: an exception is logged and counted, naming the
+    plugin, and answered ``fallback`` (None lets pluggy go on to the next implementation; a
+    question's safest answer ends the call with it). An answer ``rule`` refuses is handled
+    the same way. ``refusals``: a ConfigError is kept there instead (the start-up hooks
+    that may refuse the configuration). A wrapper is left as it is: it wraps the others'
+    calls, only the whole call can be guarded."""
+    if impl.wrapper or impl.hookwrapper:
+        return impl
+    function = impl.function
+    plugin = impl.plugin_name
+
+    @functools.wraps(function)  # pluggy reads the arguments to pass from the wrapped function
+    def shielded(*args: Any) -> Any:
         try:
-            results = caller(**kwargs)
-        except Exception:
-            PLUGIN_ERRORS[hook] += 1
-            log.exception("plugin_error", hook=hook)
+            answer = function(*args)
+        except Exception as exc:
+            if refusals is not None and isinstance(exc, ConfigError):
+                refusals.append(exc)
+            else:
+                _plugin_raised(hook, plugin)
             return fallback
-        return None if mode == "notify" else results
+        if answer is not None and rule is not None and not rule.valid(answer):
+            _plugin_answered_wrong(hook, plugin, answer)
+            return fallback
+        return answer
 
-    return through_pluggy
+    return pluggy.HookImpl(impl.plugin, plugin, shielded, impl.opts)
+
+
+def _culprit(error: BaseException, impls: Iterable[pluggy.HookImpl]) -> str | None:
+    """The plugin whose implementation raised ``error``: the innermost on its traceback."""
+    plugins = {_code_of(impl.function): impl.plugin_name for impl in impls}
+    culprit = None
+    frame = error.__traceback__
+    while frame is not None:
+        culprit = plugins.get(frame.tb_frame.f_code, culprit)
+        frame = frame.tb_next
+    return culprit
+
+
+def _code_of(function: Any) -> Any:
+    function = inspect.unwrap(getattr(function, "__func__", function))
+    return getattr(function, "__code__", None)
+
+
+class _ThroughPluggy:
+    """Calls one hook through pluggy, the implementations registered at each call, each
+    under its own guard (:func:`_shielded`): for the debugging mode and for hooks a wrapper
+    implements."""
+
+    def __init__(self, caller: Any, mode: str, fallback: Any) -> None:
+        self._caller = caller
+        self._mode = mode
+        self._fallback = fallback
+        self._shields: dict[pluggy.HookImpl, pluggy.HookImpl] = {}  # each implementation's guarded copy
+
+    def __call__(self, **kwargs: Any) -> Any:
+        hook = self._caller.name
+        impls = self._caller.get_hookimpls()
+        try:
+            answer = _execute(self._caller, [self._shield(impl) for impl in impls], kwargs, self._mode == "first")
+        except Exception as exc:  # a wrapper's: every other implementation is guarded
+            _plugin_raised(hook, _culprit(exc, impls))
+            return self._fallback
+        if self._mode == "notify":
+            return None
+        rule = _ANSWER_RULES.get(hook)
+        if self._mode == "first" and answer is not None and rule is not None and not rule.valid(answer):
+            # Each implementation's answer was checked: a wrapper replaced it.
+            _plugin_answered_wrong(hook, ", ".join(i.plugin_name for i in impls if i.wrapper or i.hookwrapper), answer)
+            return self._fallback
+        return answer
+
+    def _shield(self, impl: pluggy.HookImpl) -> pluggy.HookImpl:
+        shield = self._shields.get(impl)
+        if shield is None:
+            hook = self._caller.name
+            if self._mode == "first":
+                shield = _shielded(impl, hook, self._fallback, _ANSWER_RULES.get(hook))
+            else:  # None: pluggy goes on to the next implementation
+                shield = _shielded(impl, hook, None)
+            self._shields[impl] = shield
+        return shield
 
 
 def refusable(caller: Any) -> Callable[..., None]:
-    """The caller of the start-up hook whose implementations may refuse the configuration:
-    a :class:`~qpid_flow.config.ConfigError` goes on to the caller (qpid-flow does not start
-    and prints its one line); any other exception is logged and counted like any hook's."""
-    from qpid_flow.config import ConfigError
+    """The caller of a start-up hook whose implementations may refuse the configuration:
+    every implementation is called, each under its own guard; then the first
+    :class:`~qpid_flow.config.ConfigError` raised goes on to the caller (qpid-flow does not
+    start and prints its one line). Any other exception is logged and counted like any
+    hook's: it keeps neither the others from being called nor qpid-flow from starting."""
 
     def call(**kwargs: Any) -> None:
+        refusals: list[ConfigError] = []
+        impls = caller.get_hookimpls()
         try:
-            caller(**kwargs)
+            _execute(caller, [_shielded(impl, caller.name, None, refusals=refusals) for impl in impls], kwargs, False)
         except ConfigError:
             raise
-        except Exception:
-            PLUGIN_ERRORS[caller.name] += 1
-            log.exception("plugin_error", hook=caller.name)
+        except Exception as exc:  # a wrapper's
+            _plugin_raised(caller.name, _culprit(exc, impls))
+        if refusals:
+            raise refusals[0]
 
     return call
+
+
+_CONTAINED: weakref.WeakSet[pluggy.PluginManager] = weakref.WeakSet()
+
+
+def _contain_late_started(pm: pluggy.PluginManager) -> None:
+    """qpid_flow_started is historic: pluggy calls a plugin registered after the start with
+    it as it registers the plugin, outside any guard of ours; an exception there would leave
+    the plugin half registered and reach whoever registers it. Contained like any hook's
+    (each such call is one plugin's)."""
+    if pm in _CONTAINED:
+        return
+    _CONTAINED.add(pm)
+
+    def after(outcome: pluggy.Result[Any], hook: str, impls: Sequence[pluggy.HookImpl], _kwargs: Any) -> None:
+        if hook == "qpid_flow_started" and outcome.exception is not None:
+            _plugin_raised(hook, _culprit(outcome.exception, impls), outcome.exception)
+            outcome.force_result([])
+
+    pm.add_hookcall_monitoring(lambda *_args: None, after)
 
 
 def _noop(**_kwargs: Any) -> None:
     return None
 
 
-# What a hook answers when an implementation raises (the safest answer), by hook.
+# What a question hook answers when an implementation raises or answers wrong (the safest
+# answer), and a statistics record without plugins' fields.
 _FALLBACKS: dict[str, Any] = {
-    "qpid_flow_producer_credit": 0,
+    "qpid_flow_producer_credit": CREDIT_AFTER_FAILURE,
     "qpid_flow_transfer_arrived": Reject("a qpid-flow policy failed on this transfer", condition="amqp:internal-error"),
     "qpid_flow_settlement_delay": False,
     "qpid_flow_consumer_select": Hold("policy error"),
@@ -225,6 +490,7 @@ class Hooks:
 
     def __init__(self, pm: pluggy.PluginManager, *, through_pluggy: bool | None = None) -> None:
         self.pm = pm
+        self._through: dict[str, _ThroughPluggy] = {}  # by hook, made on first use
         if through_pluggy is None:
             through_pluggy = os.environ.get(TRACE_ENVIRONMENT, "") not in ("", "0")
         self.through_pluggy = through_pluggy
@@ -238,25 +504,18 @@ class Hooks:
             if name in _AT_START:
                 continue
             caller = getattr(pm.hook, name)
-            if name in _COLLECTED:
-                bound = _guarded(caller, _FALLBACKS[name], collect=True)
-            elif name in _FALLBACKS:
-                bound = _guarded(caller, _FALLBACKS[name])
-            else:
-                bound = self._notify(caller)
+            bound = _guarded(caller, _FALLBACKS[name]) if name in _FALLBACKS else self._notify(caller)
             # Shadows the method of the same name: the method is the typed signature and
             # the through-pluggy path; the instance attribute is the fast one.
             setattr(self, name.removeprefix("qpid_flow_"), bound)
 
     def _call(self, hook: str, **kwargs: Any) -> Any:
         """Call ``hook`` through pluggy, with the same error handling as the snapshot."""
-        try:
-            result = getattr(self.pm.hook, hook)(**kwargs)
-        except Exception:
-            PLUGIN_ERRORS[hook] += 1
-            log.exception("plugin_error", hook=hook)
-            return _FALLBACKS.get(hook)
-        return result
+        through = self._through.get(hook)
+        if through is None:
+            caller = getattr(self.pm.hook, hook)
+            through = self._through[hook] = _ThroughPluggy(caller, _mode(caller), _FALLBACKS.get(hook))
+        return through(**kwargs)
 
     # --- lifecycle (always through pluggy: called once) ---------------------------------
 
@@ -278,12 +537,19 @@ class Hooks:
         return [route for routes in self.pm.hook.qpid_flow_admin_routes() for route in routes]
 
     def started(self, *, control: RouterControl) -> None:
-        """Historic: a plugin registered later is called with ``control`` as it registers."""
-        try:
-            self.pm.hook.qpid_flow_started.call_historic(kwargs={"control": control})
-        except Exception:
-            PLUGIN_ERRORS["qpid_flow_started"] += 1
-            log.exception("plugin_error", hook="qpid_flow_started")
+        """Historic: a plugin registered later is called with ``control`` as it registers.
+
+        Every plugin gets ``control`` whichever of them raises: flow control, for one, can
+        resume the producers it stopped only through it."""
+        hook = "qpid_flow_started"
+        caller = self.pm.hook.qpid_flow_started
+        _contain_late_started(self.pm)
+        # pluggy keeps ``control`` for the plugins registered later without calling anyone
+        # here (a caller that leaves every present plugin out); those are called below, each
+        # under its own guard, which pluggy's historic call would not give them.
+        present = [impl.plugin for impl in caller.get_hookimpls()]
+        self.pm.subset_hook_caller(hook, remove_plugins=present).call_historic(kwargs={"control": control})
+        _ThroughPluggy(caller, "notify", None)(control=control)
 
     def stopping(self) -> None:
         self._call("qpid_flow_stopping")

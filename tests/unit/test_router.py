@@ -1097,6 +1097,36 @@ def test_a_consumer_drain_with_nothing_waiting_gives_the_credit_back_at_once(rig
     assert receiver.credit == 0
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["named", "dynamic"])
+def test_a_consumer_asking_a_durable_subscription_is_answered_that_it_has_none(rig: Rig, dynamic: bool) -> None:
+    """Standalone keeps nothing of a link past its detach: a source asking durable
+    unsettled-state, expiry-policy never and a timeout is answered durable none,
+    expiry-policy link-detach, timeout 0, so the client can tell; the rest as it asked."""
+    client = rig.connect()
+    receiver = client.session.receiver("subscription")
+    if dynamic:
+        receiver.source.dynamic = True
+    else:
+        receiver.source.address = "orders"
+    receiver.source.durability = Terminus.DELIVERIES
+    receiver.source.expiry_policy = Terminus.EXPIRE_NEVER
+    receiver.source.timeout = 3600
+    receiver.source.distribution_mode = Terminus.DIST_MODE_MOVE
+    receiver.open()
+    rig.pump()
+    answered = receiver.remote_source
+    assert (answered.durability, answered.expiry_policy, answered.timeout) == (
+        Terminus.NONDURABLE,
+        Terminus.EXPIRE_WITH_LINK,
+        0,
+    )
+    assert answered.distribution_mode == Terminus.DIST_MODE_MOVE
+    if dynamic:
+        assert answered.address.startswith("qpid-flow.temporary.")
+    else:
+        assert answered.address == "orders"
+
+
 def test_a_coordinator_answers_only_the_transaction_capabilities_it_has() -> None:
     """Local transactions only: a client asking for distributed ones as well must not be
     told it has them (it learnt at its declare, from amqp:not-implemented)."""
