@@ -6,6 +6,7 @@ Kept free of Spark so that a bad argument fails fast, before a JVM starts.
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,17 +16,19 @@ class InputError(ValueError):
 
 
 def _is_event_file(path: Path) -> bool:
-    # Rotated logs are PATH, PATH.1, PATH.2 ...; compressed copies end in .gz.
-    return path.is_file() and not path.name.startswith((".", "_"))
+    # Rotated logs are PATH, PATH.1, PATH.2 ...; compressed copies end in .gz. A columnar
+    # log's damaged stream is set aside as .bad by the writer: it is no segment.
+    return path.is_file() and not path.name.startswith((".", "_")) and path.suffix != ".bad"
 
 
 def expand_inputs(specs: Sequence[str]) -> list[str]:
     """Every event file named by ``specs``, sorted and without duplicates.
 
-    A folder contributes every file in it (recursively, hidden files and Spark's
-    ``_SUCCESS``-style markers excepted); a pattern is expanded like a shell glob
-    (``**`` included); a URL (``hdfs://``, ``s3a://``, ``file://`` ...) is passed to Spark
-    as it is. Raises :class:`InputError` for an argument that matches nothing.
+    A folder contributes every file in it (recursively, hidden files, Spark's
+    ``_SUCCESS``-style markers and the event log's ``.bad`` files excepted); a pattern is
+    expanded like a shell glob (``**`` included); a URL (``hdfs://``, ``s3a://``,
+    ``file://`` ...) is passed to Spark as it is. Raises :class:`InputError` for an
+    argument that matches nothing.
     """
     found: list[str] = []
     for spec in specs:
@@ -45,3 +48,21 @@ def expand_inputs(specs: Sequence[str]) -> list[str]:
             raise InputError(f"EVENTS: {spec!r} matches no file")
         found.extend(files)
     return sorted(dict.fromkeys(found))
+
+
+def current_files(paths: Sequence[str]) -> list[str]:
+    """``paths``, listed by :func:`expand_inputs`, as they are now. A columnar log that a
+    router is writing changes under a report (whose JVM takes seconds to start): an open
+    segment's stream (``.arrows``) is replaced by its Parquet file once the segment is
+    full, and the oldest Parquet files are pruned. So a stream whose Parquet file exists is
+    read as that (the stream may still be there for an instant, as the Parquet file is
+    written first), and a local file that has gone is left out."""
+    current: list[str] = []
+    for path in paths:
+        if "://" not in path and path.endswith(".arrows"):
+            finished = path.removesuffix(".arrows") + ".parquet"
+            if os.path.exists(finished):
+                path = finished
+        if "://" in path or os.path.exists(path):
+            current.append(path)
+    return list(dict.fromkeys(current))

@@ -196,31 +196,50 @@ def _read_inputs(spark: Any, paths: list[str], scratch: Path) -> Any:
     """Every input as one frame of the event schema: JSON lines (plain or gzip) parsed
     with the schema; the columnar log's Parquet segments read as they are; an open
     segment's Arrow stream (``.arrows``: a router still running, or killed) converted to
-    Parquet in ``scratch`` first, since Spark has no reader for it."""
+    Parquet in ``scratch`` first, since Spark has no reader for it.
+
+    A router may still be writing a columnar log: its files are looked at again here, after
+    the JVM started (:func:`~qpid_flow.analytics.inputs.current_files`), and Spark skips a
+    Parquet file that is pruned while it reads (``ignoreMissingFiles``) rather than failing."""
     from functools import reduce
 
+    from qpid_flow.analytics.inputs import current_files
     from qpid_flow.analytics.schema import EVENT_SCHEMA
 
+    paths = current_files(paths)
     parquet = [p for p in paths if p.endswith(".parquet")]
     streams = [p for p in paths if p.endswith(".arrows")]
     text = [p for p in paths if not p.endswith((".parquet", ".arrows"))]
     for index, stream in enumerate(streams):
-        parquet.append(str(_stream_as_parquet(Path(stream), scratch / f"stream-{index}.parquet")))
+        converted = _stream_as_parquet(Path(stream), scratch / f"stream-{index}.parquet")
+        if converted is not None:
+            parquet.append(str(converted))
+    parquet = list(dict.fromkeys(parquet))  # a stream finished meanwhile is its Parquet file, maybe listed too
     frames = []
     if text:
         frames.append(spark.read.schema(EVENT_SCHEMA).option("mode", "PERMISSIVE").json(text))
     if parquet:
-        frames.append(spark.read.schema(EVENT_SCHEMA).parquet(*parquet))
+        frames.append(spark.read.schema(EVENT_SCHEMA).option("ignoreMissingFiles", "true").parquet(*parquet))
+    if not frames:  # every file went (pruned) between the listing and now
+        return spark.createDataFrame([], EVENT_SCHEMA)
     return reduce(lambda a, b: a.unionByName(b), frames)
 
 
-def _stream_as_parquet(stream: Path, target: Path) -> Path:
+def _stream_as_parquet(stream: Path, target: Path) -> Path | None:
+    """An open segment's stream as the Parquet file ``target``, up to its last complete
+    batch. A stream that has gone since it was listed was finished by its writer: then the
+    Parquet file it became, or None if that has been pruned too."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from qpid_flow.policies.event_log.writers import arrow_schema, stream_batches
 
-    pq.write_table(pa.Table.from_batches(stream_batches(stream), schema=arrow_schema()), str(target))
+    try:
+        batches = stream_batches(stream)
+    except FileNotFoundError:
+        finished = stream.with_suffix(".parquet")
+        return finished if finished.exists() else None
+    pq.write_table(pa.Table.from_batches(batches, schema=arrow_schema()), str(target))
     return target
 
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from qpid_flow.policies.event_log.writers import read_rows
+from qpid_flow.testing import free_ports
 
 from .clients import Consumer, Producer, make_message, run_all
+from .harness.router import PROJECT_ROOT
 
 
 def _records(folder: Path) -> list[dict]:
@@ -80,3 +84,60 @@ def test_a_killed_router_s_writer_finishes_what_it_was_sent(qpid_flow_process, t
     records = read_rows(sorted(folder.glob("events-*.parquet")))
     for event in ("enqueue", "transfer_settled", "deliver", "settle"):
         assert sum(r["event"] == event for r in records) == 200, event
+
+
+def test_a_second_router_on_the_folder_leaves_the_first_one_s_segment_alone(qpid_flow_process, tmp_path) -> None:
+    """Two routers on one folder: the second's start converts only what writers that died
+    left, not the first one's open segment, which the first finishes whole at its stop."""
+    folder = tmp_path / "segments"
+    args = ["--events", str(folder), "--events-format", "parquet"]
+    first = qpid_flow_process(extra_args=args)
+    _traffic_on_disk(first, folder)
+    (stream,) = folder.glob("events-*.arrows")
+    second = qpid_flow_process(extra_args=args)
+    assert stream.exists(), "the second router took the first one's open segment"
+    assert not list(folder.glob("events-*.parquet"))
+    second.stop()
+    first.stop()
+    records = read_rows(sorted(folder.glob("events-*.parquet")))
+    (run,) = {r["run"] for r in records if r["event"] == "enqueue"}
+    assert stream.stem.startswith(f"events-{run}-")
+    for event in ("enqueue", "transfer_settled", "deliver", "settle"):
+        assert sum(r["event"] == event for r in records) == 200, event
+
+
+def _not_an_event_log(path: Path) -> None:
+    import pyarrow as pa
+
+    path.parent.mkdir(parents=True)
+    schema = pa.schema([("x", pa.int64())])
+    with pa.OSFile(str(path), "wb") as file, pa.ipc.new_stream(file, schema) as writer:
+        writer.write_batch(pa.record_batch([pa.array([1])], schema=schema))
+
+
+def test_the_writer_process_logs_in_the_router_s_format(tmp_path) -> None:
+    """``--log-format console``: the writer's lines (here, that it set aside a stream it
+    could not convert) are in that format too, not JSON, in the router's log."""
+    folder = tmp_path / "segments"
+    _not_an_event_log(folder / "events-odd-00001.arrows")
+    log_path = tmp_path / "qpid-flow.log"
+    port = free_ports(1)[0]
+    argv = [sys.executable, "-m", "qpid_flow", "serve", "--listen", f"127.0.0.1:{port}", "--log-format", "console"]
+    argv += ["--events", str(folder), "--events-format", "parquet"]
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    with log_path.open("wb") as log:
+        router = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while "listening" not in log_path.read_text(errors="replace"):
+            assert router.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.1)
+    finally:
+        router.send_signal(signal.SIGTERM)
+        router.wait(60)
+    lines = [line for line in log_path.read_text().splitlines() if "event_log_segment_quarantined" in line]
+    assert len(lines) == 1, log_path.read_text()
+    assert not lines[0].startswith("{"), "the writer logged JSON, not the router's console format"

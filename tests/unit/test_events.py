@@ -125,6 +125,16 @@ def test_a_full_segment_is_closed_and_the_oldest_pruned(tmp_path: Path) -> None:
     assert numbers[-1] == 2000 and numbers == list(range(numbers[0], 2001))
 
 
+def _as_if_killed(sink: SegmentSink) -> None:
+    """What kill -9 of a writer leaves: its open stream as written so far, no longer locked
+    (the kernel closes a dead process's descriptors)."""
+    stream = sink._stream
+    assert stream is not None
+    stream.file.close()
+    stream.release()
+    sink._stream = None
+
+
 @needs_pyarrow
 def test_a_killed_writer_leaves_a_stream_read_to_its_last_flush(tmp_path: Path) -> None:
     """kill -9 between flushes: the open stream is readable up to the last complete batch,
@@ -132,6 +142,7 @@ def test_a_killed_writer_leaves_a_stream_read_to_its_last_flush(tmp_path: Path) 
     sink = SegmentSink(tmp_path, "r", max_bytes=0, backups=0)
     sink.write(Batch.of(_rows(50)))
     sink.write(Batch.of(_rows(50, 51)))
+    _as_if_killed(sink)
     (stream,) = tmp_path.glob("*.arrows")
     # What a crash mid-write leaves: the start of a third batch and no end-of-stream marker.
     with stream.open("ab") as torn:
@@ -146,7 +157,8 @@ def test_a_killed_writer_leaves_a_stream_read_to_its_last_flush(tmp_path: Path) 
 @needs_pyarrow
 def test_a_fresh_start_recovers_what_a_crash_left(tmp_path: Path) -> None:
     sink = SegmentSink(tmp_path, "old", max_bytes=0, backups=0)
-    sink.write(Batch.of(_rows(5)))  # never closed: the process died
+    sink.write(Batch.of(_rows(5)))
+    _as_if_killed(sink)
     SegmentSink(tmp_path, "new", max_bytes=0, backups=0).close()
     assert [p.name for p in tmp_path.iterdir()] == ["events-old-00001.parquet"]
 

@@ -321,6 +321,39 @@ def test_the_columnar_log_gives_the_same_report_as_json_lines(spark: Any, tmp_pa
         assert getattr(from_columns, table) == getattr(from_text, table), table
 
 
+def test_a_columnar_log_that_changes_under_the_report_is_read_as_it_is_now(spark: Any, tmp_path: Path) -> None:
+    """A router is still writing the folder. After it was listed (before the JVM started) a
+    finished segment was pruned and the open one finished (its stream became Parquet): the
+    report reads what is there now, neither failing (PATH_NOT_FOUND) nor losing the segment
+    finished meanwhile. A Parquet file pruned while Spark reads is skipped too."""
+    pytest.importorskip("pyarrow")
+    from qpid_flow.analytics.report import _read_inputs, load_events
+    from qpid_flow.policies.event_log.writers import Batch, SegmentSink
+
+    def segment(run: str) -> SegmentSink:
+        sink = SegmentSink(folder, run, 0, 0)
+        sink.write(Batch.of([("enqueue", 1.0 + n, n, "q", n, None, 1, None, None, 1, 1) for n in range(1, 11)]))
+        return sink
+
+    folder = tmp_path / "events"
+    segment("a").close()
+    segment("b").close()
+    live = segment("c")
+    listed = expand_inputs([str(folder)])
+    assert sorted(Path(p).suffix for p in listed) == [".arrows", ".parquet", ".parquet"]
+    (folder / "events-a-00001.parquet").unlink()
+    live.close()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    events, stats = load_events(spark, listed, scratch)
+    events.unpersist()
+    assert stats.events == 20 and stats.runs == 2
+
+    frame = _read_inputs(spark, expand_inputs([str(folder)]), scratch)
+    (folder / "events-b-00001.parquet").unlink()
+    assert frame.count() == 10
+
+
 def test_the_time_axis_cuts_idle_gaps_and_keeps_real_times() -> None:
     """Eight runs an hour apart, two minutes each: drawn side by side with the hours
     between them cut, every instant mapped and read back exactly; one lone instant still

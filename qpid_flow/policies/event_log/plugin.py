@@ -87,6 +87,8 @@ class Plugin:
                 config.events_max_bytes,
                 config.events_backups,
                 config.events_writer_nice,
+                config.log_level,
+                config.log_format,
             )
         except EventLogUnavailable as exc:
             raise ConfigError("events", config.events, str(exc)) from None

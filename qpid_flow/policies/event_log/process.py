@@ -8,15 +8,18 @@ process it runs beside the router instead, on another core. The router's writer 
 0.5 us a message) and writes it to the child's standard input: :class:`ProcessSink`.
 
 The child (``python -m qpid_flow.policies.event_log.process FORMAT PATH RUN MAX_BYTES BACKUPS
-NICE``) runs at a lower CPU priority (``events_writer_nice``, 10 by default): on a busy
-machine the clients' traffic through the router comes first, and the writer catches up in
-the gaps, with the pipe and the writer thread's queue (64 batches) to absorb the lag. It
-reads length-prefixed batches and hands them to the real sink (``JsonLinesSink`` or
-``SegmentSink``). Its standard input closing is its only way to stop: the router closes it
-at shutdown, and the kernel closes it when the router dies, even by kill -9; either way the
-child writes what it has received and finishes its files (a segment becomes Parquet). It
-ignores SIGINT and SIGTERM, which a terminal or a service manager sends to the whole
-process group, so that it outlives the router's own shutdown and loses nothing of it.
+NICE LOG_LEVEL LOG_FORMAT``) logs as the router was told to, and runs at a lower CPU priority
+(``events_writer_nice``, 10 by default): on a busy machine the clients' traffic through the
+router comes first, and the writer catches up in the gaps, with the pipe and the writer
+thread's queue (64 batches) to absorb the lag. It reads length-prefixed batches and hands
+them to the real sink (``JsonLinesSink`` or ``SegmentSink``). Its standard input closing is
+its only way to stop: the router closes it at shutdown, and the kernel closes it when the
+router dies, even by kill -9; either way the child writes what it has received and
+finishes its files (a segment becomes Parquet). It ignores SIGINT and SIGTERM, which a
+terminal or a service manager sends to the whole process group, so that it outlives the
+router's own shutdown and loses nothing of it. A child that takes nothing more (stopped,
+or stuck on a hung disk) does not hold up the router's exit: when the writer thread's
+deadline passes, :meth:`ProcessSink.abort` kills it.
 """
 
 from __future__ import annotations
@@ -61,10 +64,21 @@ class ProcessSink:
     Called on the writer thread only, like any sink: a slow child blocks that thread (and
     then the writer's queue drops batches), never the reactor."""
 
-    def __init__(self, format_: str, path: Path, run: str, max_bytes: int, backups: int, nice: int = 0) -> None:
-        self._args = [format_, str(path), run, str(max_bytes), str(backups), str(nice)]
+    def __init__(
+        self,
+        format_: str,
+        path: Path,
+        run: str,
+        max_bytes: int,
+        backups: int,
+        nice: int = 0,
+        log_level: str = "info",
+        log_format: str = "auto",
+    ) -> None:
+        self._args = [format_, str(path), run, str(max_bytes), str(backups), str(nice), log_level, log_format]
         self._child: subprocess.Popen[bytes] | None = None
         self._next_start = 0.0  # a writer that cannot start is tried again after RESTART_BACKOFF
+        self._aborted = False  # set by abort(): no child is started again
         self._start()
 
     def _start(self) -> None:
@@ -96,8 +110,12 @@ class ProcessSink:
             except (BrokenPipeError, ValueError):
                 # The child died (a bug, a kill, the out-of-memory killer): another takes
                 # over; starting, it converts what the dead one left, like any start.
-                log.error("event_log_writer_died", exit_code=self._child.wait())
+                exit_code = self._child.wait()
                 self._child = None
+                if not self._aborted:
+                    log.error("event_log_writer_died", exit_code=exit_code)
+        if self._aborted:
+            raise EventLogUnavailable("the event log's writer was killed: it was stuck")
         if time.monotonic() < self._next_start:
             raise EventLogUnavailable("the event log's writer is not running")  # counted as lost
         self._next_start = time.monotonic() + RESTART_BACKOFF
@@ -119,6 +137,15 @@ class ProcessSink:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
             log.error("event_log_writer_stuck", seconds=timeout)
+            child.kill()
+
+    def abort(self) -> None:
+        """Kill the child now, from any thread: the writer thread gave up waiting for it.
+        A write blocked on its full pipe then fails at once, and no other child is started.
+        What it wrote stays readable, and the next start converts an unfinished segment."""
+        self._aborted = True
+        child = self._child
+        if child is not None:
             child.kill()
 
 
@@ -154,8 +181,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from qpid_flow.logs import configure_logging
 
-    configure_logging()
-    format_, path, run, max_bytes, backups, nice = argv
+    format_, path, run, max_bytes, backups, nice, log_level, log_format = argv
+    configure_logging(log_level, log_format)  # its lines go to the router's stderr: alike
     os.nice(int(nice))  # background work: under full load the router's traffic comes first
     try:
         sink = _open_sink(format_, Path(path), run, int(max_bytes), int(backups))

@@ -20,22 +20,31 @@ Two formats, both with docs/events.md's field names:
   readable up to its last complete batch, so a kill -9 loses at most the last flush.
   A full segment is rewritten as Parquet (``events-RUN-K.parquet``, written under a
   hidden name and renamed) and its stream deleted; a stream left behind by a crash is
-  converted the next time qpid-flow starts on the folder (:func:`recover_segments`).
+  converted the next time qpid-flow starts on the folder (:func:`recover_segments`). Its
+  writer holds a lock on the open stream, so that a second writer on the folder tells a
+  live segment from a crashed one.
+
+Faults cost the batches they hit, never the log: a failed write cuts the stream back to
+its last complete batch (:meth:`_OpenStream.append`), JSON lines reopen their file, and a
+stream that cannot be converted is set aside (``.bad``) rather than refusing the start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterable
 from itertools import repeat
 from json.encoder import encode_basestring_ascii
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol, TextIO
 
 import structlog
 
@@ -216,7 +225,11 @@ def _line_templates(run: str) -> dict[str, str]:
 
 
 class JsonLinesSink:
-    """JSON lines, rotated by size: ``PATH``, then ``PATH.1`` ... ``PATH.backups``."""
+    """JSON lines, rotated by size: ``PATH``, then ``PATH.1`` ... ``PATH.backups``.
+
+    A write that fails (a full disk) closes the file, and the next batch opens it again: the
+    log carries on by itself once there is room, with the failed batch counted as lost by
+    the caller."""
 
     def __init__(self, path: Path, run: str, max_bytes: int, backups: int) -> None:
         self.path = path
@@ -224,9 +237,25 @@ class JsonLinesSink:
         self.max_bytes = max_bytes
         self.backups = backups
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
-        self._size = self._file.tell()
+        self._file: TextIO
+        self._size = 0
+        self._open()
         self._templates = _line_templates(run)
+
+    def _open(self) -> None:
+        """Open ``path`` to append to it. A last line cut short (a crash or a full disk in
+        the middle of a write) is ended first: the next record would be glued to it
+        otherwise, and lost with it."""
+        file = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+        try:
+            if file.tell() and not _ends_with_newline(self.path):
+                file.write("\n")
+                file.flush()
+        except BaseException:
+            _close_quietly(file)
+            raise
+        self._file = file
+        self._size = file.tell()
 
     def _line(self, row: Row) -> str:
         template = self._templates.get(row[0])
@@ -254,22 +283,44 @@ class JsonLinesSink:
         return list(map(lines.__getitem__, order))
 
     def write(self, batch: Batch) -> None:
+        if self._file.closed:
+            self._open()  # an earlier write or rotation failed: try again, with this batch
         lines = self._lines(batch)
+        try:
+            self._append(lines)
+            self._file.flush()
+        except OSError:
+            # What the buffer still holds is dropped with the file: kept, it would be written
+            # after a torn line, or fail every later flush. Reopened by the next batch.
+            _close_quietly(self._file)
+            raise
+
+    def _append(self, lines: list[str]) -> None:
         text = "\n".join(lines) + "\n" if lines else ""
         if not self.max_bytes or self._size + len(text) < self.max_bytes:
             self._file.write(text)  # the usual case: the whole batch fits in this file
             self._size += len(text)
-        else:
-            for line in lines:
-                self._file.write(line)
-                self._file.write("\n")
-                self._size += len(line) + 1
-                if self._size >= self.max_bytes:
-                    self._rotate()
-        self._file.flush()
+            return
+        for line in lines:
+            self._file.write(line)
+            self._file.write("\n")
+            self._size += len(line) + 1
+            if self._size >= self.max_bytes:
+                self._rotate()
 
     def _rotate(self) -> None:
-        self._file.close()
+        """Move the full file aside and start an empty one. Closing flushes the buffer, which
+        a full disk fails: the renames and the new file happen all the same, then the error
+        goes on to the caller."""
+        try:
+            self._file.close()
+        finally:
+            try:
+                self._shift_backups()
+            finally:
+                self._open()
+
+    def _shift_backups(self) -> None:
         for index in range(self.backups - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{index}")
             if older.exists():
@@ -277,12 +328,23 @@ class JsonLinesSink:
         if self.backups:
             self.path.rename(self.path.with_name(f"{self.path.name}.1"))
         else:
-            self.path.unlink()
-        self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
-        self._size = 0
+            self.path.unlink(missing_ok=True)
 
     def close(self) -> None:
         self._file.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as file:
+        file.seek(-1, os.SEEK_END)
+        return file.read(1) == b"\n"
+
+
+def _close_quietly(file: IO[Any]) -> None:
+    """Close ``file`` after a failed write: closing flushes, which fails again on a full disk
+    (the descriptor is closed all the same)."""
+    with contextlib.suppress(OSError):
+        file.close()
 
 
 def _arrow() -> Any:
@@ -335,42 +397,212 @@ def _record_batches(batch: Batch, run: str) -> list[Any]:
 
 
 def stream_batches(path: Path) -> list[Any]:
-    """The complete record batches of an Arrow IPC stream; a torn last batch is left out."""
+    """The record batches of an Arrow IPC stream up to its end, or to a torn tail (a crash
+    mid-write) or a corrupt batch, which is left out with everything after it. Raises
+    FileNotFoundError for a stream that has gone (its writer finished it meanwhile)."""
+    return _read_stream(path)[0]
+
+
+def _read_stream(path: Path) -> tuple[list[Any], str | None]:
+    """:func:`stream_batches`, and what was wrong with the batch it stopped at if that one
+    was corrupt (a torn tail is how a crashed run's stream ends, not a fault)."""
     pa = _arrow()
+    # Memory-mapped: the batches point into the file rather than being copied (a segment
+    # is read back whole when it becomes Parquet).
+    source = pa.memory_map(str(path), "r")
     batches: list[Any] = []
     try:
-        # Memory-mapped: the batches point into the file rather than being copied (a
-        # segment is read back whole when it becomes Parquet).
-        with pa.ipc.open_stream(pa.memory_map(str(path), "r")) as reader:
-            while True:
-                batches.append(reader.read_next_batch())
-    except StopIteration:
-        pass
+        reader = pa.ipc.open_stream(source)
     except (pa.ArrowInvalid, OSError):
-        pass  # torn by a crash, or empty: what came before is kept
-    return batches
+        return batches, None  # empty, or cut short before its schema
+    with reader:
+        while (batch := _next_batch(reader)) is not None:
+            try:
+                # Reading checks a batch's framing only: one whose offsets point outside
+                # its buffers (written over a torn batch) crashes whatever reads its values.
+                batch.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                return batches, f"batch {len(batches) + 1}: {exc}"
+            batches.append(batch)
+    return batches, None
+
+
+def _next_batch(reader: Any) -> Any | None:
+    """The stream's next record batch; None at its end, or at a tail torn by a crash."""
+    pa = _arrow()
+    try:
+        return reader.read_next_batch()
+    except StopIteration:
+        return None
+    except (pa.ArrowInvalid, OSError):
+        return None
+
+
+def _write_parquet(batches: list[Any], target: Path) -> None:
+    """``batches`` as the Parquet file ``target``, written under a hidden name and renamed,
+    so that a reader never sees half a file."""
+    pa = _arrow()
+    hidden = target.with_name(f".{target.name}.tmp")
+    table = pa.Table.from_batches(batches, schema=arrow_schema())
+    try:
+        pa.parquet.write_table(table, str(hidden), compression="snappy")
+        os.replace(hidden, target)
+    except BaseException:
+        hidden.unlink(missing_ok=True)  # on a full disk, give its space back at once
+        raise
 
 
 def _to_parquet(stream: Path) -> Path:
-    """Rewrite a segment's stream as Parquet (hidden name, then renamed), then delete it."""
-    pa = _arrow()
+    """Rewrite a segment's stream as Parquet, then delete the stream. A stream with a
+    corrupt batch is kept, renamed ``.bad``, beside the Parquet of the batches before it:
+    nothing after a corrupt batch can be read reliably. Raises FileNotFoundError, writing
+    nothing, for a stream that has gone."""
+    batches, corrupt = _read_stream(stream)
     target = stream.with_suffix(".parquet")
-    hidden = target.with_name(f".{target.name}.tmp")
-    table = pa.Table.from_batches(stream_batches(stream), schema=arrow_schema())
-    pa.parquet.write_table(table, str(hidden), compression="snappy")
-    os.replace(hidden, target)
-    stream.unlink()
+    _write_parquet(batches, target)
+    if corrupt is None:
+        stream.unlink()
+    else:
+        _quarantine(stream, corrupt)
     return target
 
 
+def _quarantine(stream: Path, reason: str) -> None:
+    bad = stream.with_name(f"{stream.name}.bad")
+    os.replace(stream, bad)
+    log.warning("event_log_segment_quarantined", path=str(stream), kept_as=str(bad), reason=reason)
+
+
+def _lock_if_abandoned(path: Path) -> int | None:
+    """A descriptor holding the lock on the stream ``path`` if no writer holds it (its
+    writer died); None if a live writer holds it, or it has gone. Closing the descriptor
+    releases the lock."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    if os.fstat(descriptor).st_nlink == 0:  # its writer finished and deleted it since the listing
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+def _recover(stream: Path) -> Path | None:
+    """Convert one stream left by a writer that died, if it was; never raises, so that a
+    damaged segment cannot stop qpid-flow from starting."""
+    lock = _lock_if_abandoned(stream)
+    if lock is None:
+        return None
+    try:
+        return _to_parquet(stream)
+    except OSError as exc:
+        # The disk rather than the file (full, failing): kept for the next start to retry.
+        log.error("event_log_segment_not_recovered", path=str(stream), error=str(exc))
+    except Exception as exc:  # the file itself: unreadable, not an event log's schema
+        with contextlib.suppress(OSError):
+            _quarantine(stream, str(exc))
+    finally:
+        os.close(lock)
+    return None
+
+
 def recover_segments(folder: Path) -> list[Path]:
-    """Convert the open segments a crashed run left in ``folder`` to Parquet."""
-    recovered = []
-    for stream in sorted(folder.glob("events-*.arrows")):
-        recovered.append(_to_parquet(stream))
-    for torn in folder.glob(".events-*.parquet.tmp"):
-        torn.unlink()  # a conversion cut short: its stream was kept and is converted above
+    """Convert to Parquet the open segments that writers which died left in ``folder``.
+    A live writer's segment (another qpid-flow writing the same folder) is left alone: its
+    writer holds a lock on it (see :class:`_OpenStream`)."""
+    recovered = [target for stream in sorted(folder.glob("events-*.arrows")) if (target := _recover(stream))]
+    _remove_leftovers(folder)
     return recovered
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Remove what writers which died left half-made: a conversion cut short (its stream,
+    if still there, is converted again) and a stream that never got its name."""
+    for torn in folder.glob(".events-*.parquet.tmp"):
+        stream = folder / (torn.name[1 : -len(".parquet.tmp")] + ".arrows")
+        if not stream.exists():  # else a live writer is converting it, or it was just converted again
+            torn.unlink(missing_ok=True)
+    for unnamed in folder.glob(".events-*.arrows.new"):
+        lock = _lock_if_abandoned(unnamed)
+        if lock is not None:
+            unnamed.unlink(missing_ok=True)
+            os.close(lock)
+
+
+def _check_writable(folder: Path) -> None:
+    """Create and remove a file in ``folder``. Segments are created at the first flush:
+    without this, a folder qpid-flow cannot write (read-only, another user's) would be
+    accepted at start and every event lost."""
+    probe = folder / f".probe-{os.getpid()}"
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    probe.unlink()
+
+
+class _OpenStream:
+    """The open segment's Arrow IPC stream, and the lock that tells other writers on the
+    folder it is live: :func:`recover_segments` takes only streams nobody holds."""
+
+    def __init__(self, path: Path) -> None:
+        pa = _arrow()
+        self.path = path
+        # Created and locked under a hidden name, then renamed: the stream is locked from
+        # the moment a writer starting on the folder can see it.
+        hidden = path.with_name(f".{path.name}.new")
+        self.lock = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self.file: Any = None
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.file = pa.OSFile(str(hidden), "wb")
+            # Uncompressed: the stream is a journal, rewritten as compressed Parquet when full.
+            self.writer = pa.ipc.new_stream(self.file, arrow_schema())
+            os.rename(hidden, path)
+        except BaseException:
+            if self.file is not None:
+                self.file.close()
+            hidden.unlink(missing_ok=True)
+            os.close(self.lock)
+            raise
+        self.broken = False  # written after a torn batch it could not cut off: to be finished
+
+    def append(self, record_batches: list[Any]) -> int:
+        """Write ``record_batches``; return the stream's size. If a write fails part-way (a
+        full disk), the file is cut back to where it was, so that the stream still ends with
+        a complete batch and the next one is written after it, then the error is raised."""
+        start = self.file.tell()
+        try:
+            for record_batch in record_batches:
+                self.writer.write_batch(record_batch)
+            self.file.flush()
+        except BaseException:
+            self.broken = not self._cut(start)
+            raise
+        return int(self.file.tell())
+
+    def _cut(self, position: int) -> bool:
+        try:
+            os.ftruncate(self.lock, position)
+            os.lseek(self.file.fileno(), position, os.SEEK_SET)  # the writer goes on from there
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Write the end-of-stream marker and close the file; the lock is kept (see
+        :meth:`release`). Readers do without the marker: if it cannot be written, it is cut."""
+        end = self.file.tell()
+        try:
+            self.writer.close()
+        except Exception:
+            self._cut(end)
+        self.file.close()
+
+    def release(self) -> None:
+        os.close(self.lock)
 
 
 class SegmentSink:
@@ -385,6 +617,7 @@ class SegmentSink:
         self.max_bytes = max_bytes
         self.backups = backups
         folder.mkdir(parents=True, exist_ok=True)
+        _check_writable(folder)
         recover_segments(folder)
         # pyarrow's first scalar costs ~0.2 s of lazy initialisation, holding the GIL: paid
         # here, at start, rather than by the clients during the first flush.
@@ -393,48 +626,57 @@ class SegmentSink:
         # same run (its predecessor died) must not overwrite them.
         numbers = (p.stem.rsplit("-", 1)[1] for p in folder.glob(f"events-{run}-*.parquet"))
         self._index = max((int(k) for k in numbers if k.isdigit()), default=0)
-        self._writer: Any = None
-        self._sink: Any = None
-        self._stream: Path | None = None
-
-    def _open(self) -> None:
-        pa = _arrow()
-        self._index += 1
-        self._stream = self.folder / f"events-{self.run}-{self._index:05d}.arrows"
-        self._sink = pa.OSFile(str(self._stream), "wb")
-        # Uncompressed: the stream is a journal, rewritten as compressed Parquet when full.
-        self._writer = pa.ipc.new_stream(self._sink, arrow_schema())
+        self._stream: _OpenStream | None = None
 
     def write(self, batch: Batch) -> None:
         if not len(batch):
             return
-        if self._writer is None:
-            self._open()
-        for record_batch in _record_batches(batch, self.run):
-            self._writer.write_batch(record_batch)
-        self._sink.flush()
-        if self.max_bytes and self._sink.tell() >= self.max_bytes:
+        # Built before the file is touched: a value Arrow refuses fails here, writing nothing.
+        record_batches = _record_batches(batch, self.run)
+        if self._stream is None:
+            self._stream = _OpenStream(self.folder / f"events-{self.run}-{self._index + 1:05d}.arrows")
+            self._index += 1
+        try:
+            size = self._stream.append(record_batches)
+        except BaseException:
+            if self._stream.broken:
+                self._finish()  # what it holds up to the torn batch; the next batch opens a new segment
+            raise
+        if self.max_bytes and size >= self.max_bytes:
             self._finish()
 
     def _finish(self) -> None:
-        if self._writer is None or self._stream is None:
+        """Close the open segment and rewrite it as Parquet. If that fails (a full disk),
+        the stream is left, unlocked, for the next start on the folder to convert: its
+        events are on disk, so the failure is logged, not raised."""
+        stream, self._stream = self._stream, None
+        if stream is None:
             return
-        self._writer.close()
-        self._sink.close()
-        self._writer = None
-        _to_parquet(self._stream)
-        self._stream = None
+        try:
+            stream.close()
+            _to_parquet(stream.path)
+        except Exception:
+            log.exception("event_log_segment_not_finished", path=str(stream.path))
+        finally:
+            stream.release()
         self._prune()
 
     def _prune(self) -> None:
         if not self.backups:
             return
-        finished = sorted(self.folder.glob("events-*.parquet"), key=lambda p: p.stat().st_mtime)
-        for old in finished[: -self.backups]:
-            old.unlink()
+        finished = []
+        for path in self.folder.glob("events-*.parquet"):
+            with contextlib.suppress(FileNotFoundError):  # pruned by another writer on the folder
+                finished.append((path.stat().st_mtime, path))
+        for _, old in sorted(finished)[: -self.backups]:
+            old.unlink(missing_ok=True)
 
     def close(self) -> None:
         self._finish()
+
+
+ROOM_WAIT = 5.0  # seconds closing waits for room in a full queue before dropping a batch for it
+ABORT_GRACE = 5.0  # seconds the thread gets to wind up once a stuck sink was aborted
 
 
 class WriterThread:
@@ -445,6 +687,7 @@ class WriterThread:
         self.dropped = 0  # events lost because the writer fell behind
         self.failed = 0  # events lost because the sink raised
         self._queue: queue.Queue[Batch | None] = queue.Queue(max_pending)
+        self._abandoned = threading.Event()  # closing gave up on the sink: drop what is left
         self._thread = threading.Thread(target=self._run, name="qpid-flow-events", daemon=True)
         self._thread.start()
 
@@ -456,11 +699,17 @@ class WriterThread:
             self._queue.put_nowait(batch)
         except queue.Full:
             # The disk cannot keep up: losing log records beats stalling every client.
-            self.dropped += size
-            log.warning("event_log_behind", dropped_events=size, dropped_total=self.dropped)
+            self._drop(batch)
+
+    def _drop(self, batch: Batch) -> None:
+        self.dropped += len(batch)
+        log.warning("event_log_behind", dropped_events=len(batch), dropped_total=self.dropped)
 
     def _run(self) -> None:
         while (batch := self._queue.get()) is not None:
+            if self._abandoned.is_set():
+                self.dropped += len(batch)
+                continue
             try:
                 self.sink.write(batch)
             except Exception:
@@ -472,10 +721,40 @@ class WriterThread:
             log.exception("event_log_close_failed")
 
     def close(self, timeout: float = 30.0) -> None:
-        """Write what is queued, finish the files, and wait for it (at most ``timeout`` s)."""
+        """Write what is queued and finish the files, all within ``timeout`` s. A sink still
+        busy then is stuck (a writer process stopped, a hung disk): it is aborted if it can be
+        (``abort()``: a ProcessSink kills its child), and what was still queued is lost."""
+        if not self._thread.is_alive():
+            return
+        deadline = time.monotonic() + timeout
+        self._queue_end(deadline)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join(timeout)
+            self._abort(timeout)
+
+    def _queue_end(self, deadline: float) -> None:
+        """Queue the end marker behind the pending batches. A queue that stays full means a
+        sink that takes nothing: then the oldest pending batches are dropped to make room,
+        rather than waiting for ever (the marker must be queued for the thread to stop)."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=max(0.0, min(ROOM_WAIT, deadline - time.monotonic())))
+            return
+        while True:
+            with contextlib.suppress(queue.Empty):
+                oldest = self._queue.get_nowait()
+                if oldest is not None:
+                    self._drop(oldest)
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(None)
+                return
+
+    def _abort(self, timeout: float) -> None:
+        log.error("event_log_writer_stuck", seconds=timeout, pending_batches=self._queue.qsize())
+        self._abandoned.set()
+        abort = getattr(self.sink, "abort", None)  # a sink in this process cannot be interrupted
+        if abort is not None:
+            abort()
+        self._thread.join(ABORT_GRACE)
 
 
 def read_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
