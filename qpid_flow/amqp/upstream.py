@@ -34,7 +34,8 @@ from qpid_flow.amqp.endpoints import DeliveryEvent, LeanDelivery, keep_link, kep
 from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.outcomes import apply_settlement
 from qpid_flow.amqp.timers import Call
-from qpid_flow.core.model import Message, Settlement
+from qpid_flow.core.dialect import PLAIN, Dialect, dialect_for
+from qpid_flow.core.model import Message, Outcome, Settlement
 
 if TYPE_CHECKING:
     from proton import Connection, Event
@@ -50,6 +51,7 @@ log = structlog.get_logger(__name__)
 
 _ACCEPTED = Settlement.accepted()
 _RELEASED = Settlement.released()
+_REJECTED = Settlement(Outcome.REJECTED)
 
 
 class _Receiver:
@@ -79,6 +81,9 @@ class GroupReader(Handler):
     ) -> None:
         super().__init__()
         self._brokers = config.broker_addresses
+        # How the broker reads outcomes: known once it answers the open (its product).
+        self._dialect_setting = config.broker_dialect
+        self._dialect: Dialect = PLAIN
         self._ssl_domain = _ssl_domain(config) if any(b.scheme == "amqps" for b in self._brokers) else None
         assert self._brokers, "GroupReader needs a broker"
         self._broker_index = 0  # which broker of the list: tried in order, from the first
@@ -149,6 +154,8 @@ class GroupReader(Handler):
         if event.connection != self._connection:
             return
         self.connected = True
+        product = (event.connection.remote_properties or {}).get("product")
+        self._dialect = dialect_for(self._dialect_setting, product if isinstance(product, str) else None)
         # The back-off is not reset here: a broker at its connection limit answers the
         # open and closes at once (see _proved_itself).
         self._connected_at = self._clock()
@@ -310,7 +317,17 @@ class GroupReader(Handler):
 
     def _settle_upstream(self, epoch: int, delivery: LeanDelivery, settlement: Settlement) -> None:
         if epoch == self.epoch and self.connected:
-            apply_settlement(delivery, settlement)
+            apply_settlement(delivery, self._as_the_broker_takes(settlement))
+
+    def _as_the_broker_takes(self, settlement: Settlement) -> Settlement:
+        """A consumer's outcome as the broker can take it on the reader's session, which
+        every consumer of the destination shares. A modified outcome (undeliverable-here:
+        the message leaves) goes to a broker that cannot map it (RabbitMQ 3.10 ends the
+        session, and with it every consumer of the destination) as rejected: the message
+        leaves the queue (to its dead-letter exchange, if it has one), as it leaves here."""
+        if settlement.outcome is Outcome.MODIFIED and not self._dialect.takes_modified:
+            return _REJECTED
+        return settlement
 
     # --- events on our links ----------------------------------------------------------
 

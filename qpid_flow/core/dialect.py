@@ -35,9 +35,12 @@ class Node:
 
 
 class Dialect(Protocol):
-    """How one kind of broker reads addresses."""
+    """How one kind of broker reads addresses, and which outcomes it takes."""
 
     name: str
+    # Whether the broker takes the ``modified`` outcome. RabbitMQ 3.10 does not: it ends the
+    # session the disposition came on with amqp:invalid-field ("Unrecognised state").
+    takes_modified: bool
 
     def node(self, address: str) -> Node:
         """The node ``address`` names."""
@@ -60,6 +63,7 @@ class RabbitMQDialect:
 
     __slots__ = ()
     name = "rabbitmq"
+    takes_modified = False
 
     def node(self, address: str) -> Node:
         if "/" not in address:
@@ -82,6 +86,7 @@ class PlainDialect:
 
     __slots__ = ()
     name = "plain"
+    takes_modified = True
 
     def node(self, address: str) -> Node:
         return Node(address, True)

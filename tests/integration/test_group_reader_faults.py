@@ -120,9 +120,12 @@ def test_after_the_broker_ends_the_reader_s_session_a_new_consumer_gets_each_mes
     message again from the broker. Now they are forgotten with the reader's session: the
     later consumer gets each message once, and its accepts reach the broker."""
     address = unique("grouped-session-ended")
+    # The plain dialect relays a modified outcome as it is, which RabbitMQ cannot map: the
+    # way to make it end the reader's session (with its own dialect, qpid-flow sends it as
+    # rejected; see the test below).
     router = qpid_flow_process(
         broker_url=rabbitmq.url,
-        config_text=grouped_config(address),
+        config_text=grouped_config(address, extra='broker_dialect = "plain"\n'),
         extra_args=["--disable-plugin", "rabbitmq_depth"],
     )
     bodies = [f"m{n}" for n in range(4)]
@@ -150,3 +153,42 @@ def test_after_the_broker_ends_the_reader_s_session_a_new_consumer_gets_each_mes
     # accepts reached the broker.
     router.stop()
     assert rabbitmq.queue_depth(address) == 0, "the accepts did not reach the broker"
+
+
+def test_a_grouped_consumer_s_modified_outcome_ends_no_one_s_session(
+    rabbitmq: Broker, qpid_flow_process: StartRouter
+) -> None:
+    """A consumer of a grouped destination settles a message modified, undeliverable-here
+    (qpid-jms sends modified outcomes on recover and rollback). RabbitMQ 3.10 cannot map
+    modified: sent as it was on the reader's session, which every consumer of the
+    destination shares, it ended that session and detached them all with
+    amqp:invalid-field. It now reaches RabbitMQ as rejected: the message leaves the queue,
+    as it leaves qpid-flow, and neither the consumer nor a bystander is detached."""
+    address = unique("grouped-modified")
+    router = qpid_flow_process(
+        broker_url=rabbitmq.url,
+        config_text=grouped_config(address),
+        extra_args=["--disable-plugin", "rabbitmq_depth"],
+    )
+    direct = BlockingConnection(rabbitmq.url, timeout=15)
+    first = BlockingConnection(router.url, timeout=15)
+    other = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = direct.create_sender(address)
+        sender.send(Message(body="a0", group_id="A"))
+        sender.send(Message(body="b0", group_id="B"))
+        holder = first.create_receiver(address, credit=1)
+        assert holder.receive(timeout=15).body == "a0"
+        other.create_receiver(address, credit=0)  # a bystander: attached, taking nothing
+        settle_undeliverable_here(holder)
+        for connection in (first, other):
+            with pytest.raises(Timeout):
+                connection.wait(lambda: False, timeout=2)  # no detach comes
+        assert holder.receive(timeout=15).body == "b0"
+        holder.accept()
+    finally:
+        for connection in (first, other, direct):
+            with contextlib.suppress(Exception):
+                connection.close()
+    router.stop()
+    assert rabbitmq.queue_depth(address) == 0, "a0 was not taken out of the queue"
