@@ -60,6 +60,7 @@ from qpid_flow.core.dialect import Dialect, Node, dialect_for
 from qpid_flow.core.jms_selector import Selector, SelectorError
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Consumer, Message, Outcome, Settlement
+from qpid_flow.plugin.manager import CREDIT_AFTER_FAILURE
 
 if TYPE_CHECKING:
     from proton import Connection, Event, Session
@@ -985,6 +986,9 @@ class BrokerRouter(Router):
             return
         destination = self.destinations.find(producer.address) if producer.address else None
         credit = self.hooks.producer_credit(producer=producer, destination=destination)
+        if credit is CREDIT_AFTER_FAILURE:
+            self._ask_credit_again_later(producer, link)  # as standalone
+            return
         if credit:
             credit = min(credit, room)
             link.flow(credit)

@@ -281,9 +281,8 @@ def qpid_flow_producer_credit(producer: Producer, destination: Destination | Non
     non-negative ``int`` or None (a float, a negative number, a bool), the error is logged
     as ``plugin_error`` and the link gets no credit this time; as a link left with no
     credit would never be asked again, it is asked again a second later, then after twice
-    as long each time the policy fails again, up to every 30 seconds (in front of a broker,
-    a link to a named address is asked again when the broker gives its upstream link
-    credit).
+    as long each time the policy fails again, up to every 30 seconds (in front of a broker
+    too, and sooner if the broker gives its upstream link credit meanwhile).
 
     :param producer: the link, with the credit it holds (``credit``), its transfers not
         yet settled (``unsettled``) and the credit it held after its last grant

@@ -516,3 +516,39 @@ def test_the_plugins_loaded_leave_out_the_disabled_names_even_unknown_ones(monke
     pm = build_plugin_manager(["groups"], installed=False)
     assert loaded_plugins(pm) == ["events", "flow", "passthrough"]
     assert disabled_plugins(pm) == ["groups", "no_such_plugin"]
+
+
+def test_in_front_of_a_broker_a_link_the_credit_policy_failed_for_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As standalone: a producer to a named queue is granted against the credit the broker
+    gave its upstream link, and after a failed answer it was asked again only when the
+    broker gave more, which RabbitMQ does not do for an idle link."""
+    from tests.unit import test_linkroute
+    from tests.unit.test_linkroute import begin, open_pair, producer
+
+    flaky = FlakyCredit(failures=1)
+    builtin = test_linkroute._builtin_hooks
+
+    def with_flaky(config: RouterConfig) -> Any:
+        pm = builtin(config).pm
+        pm.register(flaky, name="flaky")
+        return Hooks(pm)
+
+    monkeypatch.setattr(test_linkroute, "_builtin_hooks", with_flaky)
+    rig = test_linkroute.Rig()
+    pair = open_pair(rig)
+    reactor = Reactor()
+    pair.facing.connection._reactor = reactor  # as the container sets it on the connections it runs
+    session, _ = begin(rig, pair)
+    with structlog.testing.capture_logs():
+        sender, at_broker = producer(rig, pair, session)
+        at_broker.flow(10)
+        rig.pump()
+    assert (flaky.asked, sender.credit) == (1, 0)
+    assert [delay for delay, _ in reactor.timers] == [1.0]
+    due, reactor.timers = reactor.timers, []
+    for _, handler in due:
+        handler.on_timer_task(None)
+    rig.pump()
+    assert sender.credit == 10
