@@ -169,6 +169,9 @@ class ManualControl:
     def destination(self, address: str) -> Destination | None:
         return self._destinations.get(address)
 
+    def destination_name(self, address: str) -> str:
+        return address  # standalone: an address is its destination's name
+
     def destinations(self) -> Iterator[Destination]:
         return iter(list(self._destinations.values()))
 

@@ -53,7 +53,17 @@ class Operations:
     def stat(self) -> list[dict[str, Any]]:
         return sorted((d.stats() for d in self._destinations), key=lambda r: r["name"])
 
+    def _named(self, name: str) -> str:
+        """A policy name or pattern as destinations are named (in front of RabbitMQ,
+        ``/queue/orders`` is ``orders``): a policy under the address form would match no
+        destination, and make one of its own."""
+        named = self._router.destination_name(name) if self._router is not None else name
+        if named != name:
+            log.info("policy_name_mapped", given=name, name=named)
+        return named
+
     def add_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        name = self._named(name)
         policy = self._destinations.parse_policy(name, settings)
         changed = self._destinations.set_policy(name, policy)
         self._applied(changed)
@@ -63,6 +73,7 @@ class Operations:
         return _policy_record(name, policy)
 
     def remove_destination(self, name: str) -> dict[str, Any]:
+        name = self._named(name)
         if name not in self._destinations.policies:
             raise KeyError(f"no policy {name!r}")
         policy = self._destinations.policies[name]
@@ -92,11 +103,13 @@ class Operations:
     def links(self) -> list[dict[str, Any]]:
         hooks = self._control.hooks
 
+        router = self._the_router()
+
         def blocked(address: str) -> bool:
-            destination = self._destinations.find(address)
+            destination = self._destinations.find(router.destination_name(address))
             return destination is not None and bool(hooks.producers_held(destination=destination))
 
-        return inventory.link_records(self._the_router(), blocked)
+        return inventory.link_records(router, blocked)
 
     def close_connection(self, connection_id: str) -> dict[str, Any]:
         record = inventory.close_connection(self._the_router(), connection_id, "closed by an operator")

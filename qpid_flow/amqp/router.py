@@ -199,6 +199,12 @@ class Router(Handler):
         """The name ``[[acl]]`` patterns are matched against for ``address``."""
         return address
 
+    def destination_name(self, address: str) -> str:
+        """The destination name ``address`` stands for, as policies, ACLs and statistics
+        name it: the address itself standalone; in front of a broker, as the broker reads
+        it (RabbitMQ's ``/queue/X`` is ``X``)."""
+        return self.acl_name(address)
+
     def refuse_unauthorized_link(self, link: Link, direction: Direction, address: str) -> bool:
         """Refuse an attach the ACL does not allow; True if it was refused."""
         user = user_of(link.connection)

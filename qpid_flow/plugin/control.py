@@ -76,6 +76,13 @@ class RouterControl:
         """The destination of ``address`` if it exists (never creates one), else None."""
         return self._destinations.find(address)
 
+    def destination_name(self, address: str) -> str:
+        """The destination name ``address`` stands for: ``address`` itself standalone; in
+        front of a broker, as the broker reads it (RabbitMQ's ``/queue/X`` and
+        ``/amq/queue/X`` are ``X``). For names and patterns an operator gives, which may be
+        written as clients write addresses."""
+        return self._router.destination_name(address)
+
     def destinations(self) -> Iterator[Destination]:
         """Every destination that exists now (a snapshot: destinations may come and go while
         it is read)."""

@@ -36,6 +36,12 @@ class FakeControl:
     def destination(self, address: str) -> Any:
         return self.registry.find(address)
 
+    def destination_name(self, address: str) -> str:
+        return address.removeprefix("/queue/")  # as in front of RabbitMQ
+
+    def destinations(self) -> Any:
+        return iter(self.registry)
+
     def wake(self, address: str | None = None) -> None:
         self.woken.append(address)
 
@@ -377,3 +383,16 @@ def test_before_any_message_is_seen_every_producer_link_gets_a_full_window() -> 
         producer.credit = hooks.producer_credit(producer=producer, destination=fresh) or 0
         grants.append(producer.credit)
     assert grants == [100, 100, 100]
+
+
+def test_an_operator_stop_given_as_a_rabbitmq_address_stops_the_destination() -> None:
+    """In front of RabbitMQ, ``producers stop /queue/rs`` names queue ``rs``. (The pattern
+    was matched against destination names as given: it matched none, the stop answered
+    200 with no destination, and producers to /queue/rs kept sending.)"""
+    hooks, registry, control, flow = setup({})
+    flow.qpid_flow_started(control=cast("RouterControl", control))
+    producer = attach(registry, "rs")
+    stop = next(route for route in flow.qpid_flow_admin_routes() if route.path == "/v1/producers/stop")
+    stop.handler(AdminRequest(params={}, body={"pattern": "/queue/rs"}))
+    assert flow.stopped_patterns == ["rs"]
+    assert hooks.producer_credit(producer=producer, destination=registry.get("rs")) == 0

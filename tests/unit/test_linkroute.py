@@ -1058,3 +1058,22 @@ def test_a_broker_lost_restarts_the_depths_qpid_flow_counted_in_it(rig: Rig) -> 
     assert pair.client.connection.remote_condition.name == "amqp:connection:forced"
     assert (orders.depth, orders.bytes) == (0, 0)
     assert read.depth == 5
+
+
+def test_a_policy_given_as_a_rabbitmq_address_applies_to_the_queue_it_names() -> None:
+    """In front of RabbitMQ, ``config add destination /queue/rt`` is about queue ``rt``,
+    which clients' /queue/rt and rt both name. (The policy was kept under '/queue/rt': it
+    matched no destination, made a phantom one, and rt's producers were not held.)"""
+    from qpid_flow.admin.operations import Operations
+
+    rig = Rig(config=build_config({"broker": BROKER.url, "broker_dialect": "rabbitmq"}))
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    producer(rig, pair, session, "/queue/rt")
+    operations = Operations(rig.destinations, cast(Any, None), rig.router)
+    record = operations.add_destination("/queue/rt", {"max_count": 100})
+    assert record["name"] == "rt"
+    rt = rig.destinations.find("rt")
+    assert rt is not None and rt.policy.max_count == 100
+    assert rig.destinations.find("/queue/rt") is None
+    assert operations.remove_destination("/queue/rt")["name"] == "rt"

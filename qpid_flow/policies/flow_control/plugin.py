@@ -411,6 +411,8 @@ class Plugin:
     def _producers_route(self, action: str, request: AdminRequest) -> dict[str, Any]:
         """POST /v1/producers/{stop,start} {"pattern": ...}: what ``qpid-flow producers`` sends."""
         pattern = required_string(request.body, "pattern")
+        if self._control is not None:
+            pattern = self._control.destination_name(pattern)  # /queue/orders: orders
         check_pattern(pattern, "pattern")  # as the configuration's destination patterns are
         if action == "stop":
             self.stop_producers(pattern)
