@@ -143,6 +143,8 @@ class Router(Handler):
             conn.container = self.container_id
             conn.properties = {symbol("product"): "qpid-flow", symbol("version"): __version__}
             conn.offered_capabilities = SymbolList([ANONYMOUS_RELAY])
+            if self._container_id_taken(conn):
+                return
             conn.open()
             if not self.admit_connection(conn):
                 return
@@ -155,6 +157,35 @@ class Router(Handler):
                 container=conn.remote_container,
                 user=user_of(conn),
             )
+
+    def _container_id_taken(self, conn: Connection) -> bool:
+        """A connection asking to be the sole one of its container id (JMS's client id:
+        qpid-jms asks ``sole-connection-for-container``), while another connection of that
+        id is open, or one that asked so is: refused as ActiveMQ, Artemis and Broker-J
+        refuse it (the open says it failed, then a close with ``amqp:invalid-field``, info
+        ``invalid-field: container-id``), which qpid-jms reports as InvalidClientIDException.
+        True if refused."""
+        container = conn.remote_container
+        if not container:
+            return False
+        asks = _asks_sole_connection(conn)
+        for other in self.connections:
+            if other.remote_container != container or other.state & Endpoint.LOCAL_CLOSED:
+                continue
+            if asks or _asks_sole_connection(other):
+                break
+        else:
+            return False
+        conn.properties = {**(conn.properties or {}), symbol("amqp:connection-establishment-failed"): True}
+        conn.open()
+        conn.condition = Condition(
+            "amqp:invalid-field",
+            f"container id {container!r} is in use by another connection (sole-connection-for-container)",
+            {symbol("invalid-field"): symbol("container-id")},
+        )
+        conn.close()
+        log.warning("connection_refused", remote=str(conn.url or ""), container=container, reason="container id in use")
+        return True
 
     def admit_connection(self, conn: Connection) -> bool:
         """Count a client connection in; over a limit, close it (after its open) and say no."""
@@ -1051,6 +1082,14 @@ def selector_in_force(source: Terminus) -> tuple[Selector | None, dict[Any, Any]
             selector = parse_selector(str(value.value))
             applied[key] = value
     return selector, applied
+
+
+_SOLE_CONNECTION = symbol("sole-connection-for-container")
+
+
+def _asks_sole_connection(conn: Connection) -> bool:
+    desired = conn.remote_desired_capabilities
+    return desired is not None and _SOLE_CONNECTION in list(desired)
 
 
 def _answer_source(link: Link, applied: dict[Any, Any]) -> None:

@@ -26,7 +26,20 @@ from typing import Any, cast
 
 import pytest
 import structlog
-from proton import Collector, Condition, Delivery, Endpoint, Link, Message, Receiver, Sender, Session, Terminus, symbol
+from proton import (
+    Collector,
+    Condition,
+    Delivery,
+    Endpoint,
+    Link,
+    Message,
+    Receiver,
+    Sender,
+    Session,
+    SymbolList,
+    Terminus,
+    symbol,
+)
 
 from qpid_flow import hookimpl
 from qpid_flow.amqp.bridge import ReactorBridge
@@ -1171,3 +1184,37 @@ def test_a_modified_outcomes_annotations_go_into_the_redelivered_message() -> No
     assert destination.bytes > 0
     client.accept(again)
     assert (destination.depth, destination.bytes, rig.memory.held) == (0, 0, 0)
+
+
+def test_a_second_connection_of_a_sole_container_id_is_refused_as_brokers_refuse_it() -> None:
+    """JMS client ids: qpid-jms asks sole-connection-for-container, and a second connection
+    with the same id is refused (InvalidClientIDException on the client), as ActiveMQ,
+    Artemis and Broker-J refuse it. (qpid-flow let both in: two instances of a 'singleton'
+    client, or two holders of one durable subscription name.) Other ids are unaffected."""
+    rig = Rig()
+    sole = symbol("sole-connection-for-container")
+
+    def open_with(container: str) -> Client:
+        client = Client(rig, End(server=False), End(server=True, collector=rig.collector))
+        rig.router.client_opened(client.facing.connection, "anonymous", ("127.0.0.1", 40000 + len(rig.clients)))
+        rig.clients.append(client)
+        client.connection.container = container
+        client.connection.desired_capabilities = SymbolList([sole])
+        client.connection.open()
+        rig.pump()
+        return client
+
+    first = open_with("jms-client-id-1")
+    assert first.connection.state & Endpoint.REMOTE_ACTIVE
+    second = open_with("jms-client-id-1")
+    assert second.connection.state & Endpoint.REMOTE_CLOSED
+    condition = second.connection.remote_condition
+    assert condition.name == "amqp:invalid-field"
+    assert condition.info == {symbol("invalid-field"): symbol("container-id")}
+    assert second.connection.remote_properties[symbol("amqp:connection-establishment-failed")] is True
+    other = open_with("jms-client-id-2")
+    assert other.connection.state & Endpoint.REMOTE_ACTIVE and not other.connection.state & Endpoint.REMOTE_CLOSED
+    first.connection.close()
+    rig.pump()
+    again = open_with("jms-client-id-1")
+    assert not again.connection.state & Endpoint.REMOTE_CLOSED
