@@ -358,12 +358,16 @@ class Router(Handler):
 
     def _open_producer(self, link: Link, dynamic_address: str | None = None) -> None:
         """Answer a producer's attach as qpid-flow itself: its termini (a dynamic target
-        with the address made for it), its settle mode, settlement on the first outcome,
-        the router's message size limit."""
+        with the address made for it; durable none, expiring with the link), its settle
+        mode, settlement on the first outcome, the router's message size limit."""
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         if dynamic_address is not None:
             link.target.address = dynamic_address
+        # Nothing of the link outlives it here (as for a consumer's source, _answer_source).
+        link.target.durability = Terminus.NONDURABLE
+        link.target.expiry_policy = Terminus.EXPIRE_WITH_LINK
+        link.target.timeout = 0
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         if self.config.max_message_size:

@@ -1218,3 +1218,23 @@ def test_a_second_connection_of_a_sole_container_id_is_refused_as_brokers_refuse
     rig.pump()
     again = open_with("jms-client-id-1")
     assert not again.connection.state & Endpoint.REMOTE_CLOSED
+
+
+def test_a_producer_asking_a_durable_target_is_answered_that_it_has_none(rig: Rig) -> None:
+    """As for a consumer's source: the target qpid-flow answers says durable none and
+    expiry link-detach, whatever the client asked (it was echoed as asked)."""
+    client = rig.connect()
+    sender = client.session.sender("writer")
+    sender.target.address = "orders"
+    sender.target.durability = Terminus.DELIVERIES
+    sender.target.expiry_policy = Terminus.EXPIRE_NEVER
+    sender.target.timeout = 3600
+    sender.open()
+    rig.pump()
+    answered = sender.remote_target
+    assert (answered.address, answered.durability, answered.expiry_policy, answered.timeout) == (
+        "orders",
+        Terminus.NONDURABLE,
+        Terminus.EXPIRE_WITH_LINK,
+        0,
+    )
