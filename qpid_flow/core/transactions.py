@@ -193,4 +193,5 @@ class Transactions:
         self._open.pop(txn.id, None)
 
     def declared_by(self, controller: Any) -> Iterable[Transaction]:
-        return [txn for txn in self._open.values() if txn.controller is controller]
+        # Equal, not identical: Proton hands each event a new wrapper of the same link.
+        return [txn for txn in self._open.values() if txn.controller == controller]
