@@ -80,6 +80,9 @@ class Destination:
         self._turn = 0
         self._selective = 0  # consumers with a selector or a size limit: only then is each message checked
         self.browsers: list[Consumer] = []  # distribution-mode copy: they see, others take
+        # A message went back to the queue since the browsers last looked at all of it: it
+        # keeps its older sequence, below where a browser has got to (see enqueue).
+        self._requeued_for_browsers = False
         self.queue: MessageQueue = FifoQueue(self.queue_select, lookahead)
         self.consumers: list[Consumer] = []
         self.producers: set[Producer] = set()
@@ -212,13 +215,20 @@ class Destination:
             self.count_in(message)
         self._hooks.message_enqueued(destination=self, message=message)
         if self.browsers:
-            now = time.time()
-            for browser in self.browsers:
-                # A browser with credit left has seen every message waiting before this one
-                # (a browse ends with no credit or past the last): show it just this one,
-                # not a scan of the whole queue for every message that arrives.
-                if browser.credit > 0 and message.sequence > browser.browse_after:
-                    self._show(browser, message, now)
+            if self._requeued_for_browsers:
+                # A message went back meanwhile, behind where browsers have got to: look
+                # at the whole queue once.
+                self._requeued_for_browsers = False
+                for browser in self.browsers:
+                    self.browse(browser)
+            else:
+                now = time.time()
+                for browser in self.browsers:
+                    # A browser with credit left has seen every message waiting before
+                    # this one (a browse ends with no credit or past the last): show it
+                    # just this one, not a scan of the whole queue for every message.
+                    if browser.credit > 0 and message.sequence > browser.browse_after:
+                        self._show(browser, message, now)
         if self.consumers:
             self.dispatch()
 
@@ -282,6 +292,7 @@ class Destination:
             self.count_settled(Outcome.RELEASED)  # as the event log's settle records it
             self.queue.released(consumer, message)
             self.queue.requeue(message)
+            self._requeued_for_browsers = True
             self._hooks.message_settled(destination=self, message=message, consumer=None, settlement=released)
 
     def credit_changed(self, consumer: Consumer, credit: int) -> None:
@@ -371,6 +382,7 @@ class Destination:
         if settlement.delivery_failed:
             message.failed_attempts += 1  # modified(delivery-failed); released does not count
         self.queue.requeue(message)
+        self._requeued_for_browsers = True
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
         self.dispatch()
 

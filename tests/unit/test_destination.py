@@ -524,3 +524,22 @@ def test_a_message_arriving_with_a_browser_attached_is_shown_without_a_scan(hook
         dest.enqueue(msg(n))
     assert [m.data for _, m in wire.sent] == [f"m{n}".encode() for n in range(550)]
     assert CountingScans.scans == scans
+
+
+def test_a_browser_sees_a_message_that_went_back_before_it_had_seen_it(hooks: Hooks) -> None:
+    """m1 is out to a consumer when a browser attaches; the consumer releases it and m2
+    arrives: the browser sees m1, then m2. (Showing only each new message to a browser,
+    m1, back at its older place, was never shown.)"""
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    dest.credit_changed(consumer, 1)
+    m1 = msg(1)
+    dest.enqueue(m1)
+    browser = Consumer("q", wire.deliver, presettled=True, browser=True)
+    dest.add_consumer(browser)
+    dest.credit_changed(browser, 10)
+    dest.settle(consumer, m1, Settlement.released())
+    dest.enqueue(msg(2))
+    seen = [m.data for c, m in wire.sent if c == browser.id]
+    assert seen == [b"m1", b"m2"]
