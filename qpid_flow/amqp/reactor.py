@@ -427,6 +427,7 @@ class RelayContainer(Container):
                     # Stopping, or nothing left to wait for: Proton ends it its way.
                     return bool(super().process())
                 io.write_changed(self)
+                reclaim.flush()  # after the writing: see reclaim.flush
                 if pn_collector_peek(collector) == _NULL:
                     io.wait_and_serve(self)
                 continue

@@ -10,9 +10,10 @@ is freed once both sides have ended it (closed, or detached both ways): every fr
 it has been exchanged, and qpid-flow's handlers have forgotten it (``_link_gone``), and
 no delivery of it is unsettled here (freeing would settle them, which the peer would be
 told). A link that ends with unsettled deliveries stays until its session or its
-connection ends: freeing an ended session frees its links, and settles nothing the peer
-hears of (the session's channel is gone). Deliveries qpid-flow still holds stay valid
-(each holds its link).
+connection ends: an ended session is freed with its links once qpid-flow's end frame has
+been written (:func:`flush`), so that the settlements freeing makes are not sent (the
+session's channel is gone by then). Deliveries qpid-flow still holds stay valid (each
+holds its link).
 
 Before freeing, qpid-flow's attributes on the endpoint are dropped: they hold wrappers of
 other endpoints (a client link and its upstream link name each other), whose references
@@ -35,17 +36,20 @@ from cproton import (
 )
 from proton import Endpoint, Link, Session
 
-__all__ = ["handled"]
+__all__ = ["flush", "handled"]
 
 _LINK_END_EVENTS = (PN_LINK_LOCAL_CLOSE, PN_LINK_REMOTE_CLOSE, PN_LINK_LOCAL_DETACH, PN_LINK_REMOTE_DETACH)
 _SESSION_END_EVENTS = (PN_SESSION_LOCAL_CLOSE, PN_SESSION_REMOTE_CLOSE)
 
 _CLOSED_BOTH = Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED
 _FREED = "qf_freed"
+_ENDING = "qf_ending"  # ended both ways, to be freed at the next flush
 # Detached without closing, by each side (Proton's state bits do not show a detach).
 _DETACHED_HERE = "qf_detached_here"
 _DETACHED_THERE = "qf_detached_there"
 _DETACHED = {PN_LINK_LOCAL_DETACH: _DETACHED_HERE, PN_LINK_REMOTE_DETACH: _DETACHED_THERE}
+# Sessions waiting for flush(): one reactor thread runs them all.
+_ending: list[Session] = []
 
 
 def _attrs(wrapper: Any) -> Any:
@@ -95,14 +99,29 @@ def _link_ended(link_impl: Any, kind: int) -> None:
 
 
 def _session_ended(session_impl: Any) -> None:
-    """Free a session, with its links, once ended both ways."""
+    """A session ended both ways is freed, with its links, at the next :func:`flush`."""
     session = Session.wrap(session_impl)
-    if _freed(session) or session.state & _CLOSED_BOTH != _CLOSED_BOTH:
+    attrs = _attrs(session)
+    if _FREED in attrs or _ENDING in attrs or session.state & _CLOSED_BOTH != _CLOSED_BOTH:
         return
-    link = session.connection.link_head(0)
-    while link is not None:
-        if link.session == session and not _freed(link):
-            _forget(link)
-        link = link.next(0)
-    _forget(session)
-    session.free()
+    attrs[_ENDING] = True
+    _ending.append(session)
+
+
+def flush() -> None:
+    """Free the sessions ended both ways since the last call. Called once the turn's output
+    has been written (the container, after writing; a test rig, before its next dispatch):
+    freeing a session settles its links' unsettled deliveries, and before qpid-flow's own
+    end frame is out Proton would write a bare settlement for each of them first."""
+    ending = _ending[:]
+    _ending.clear()
+    for session in ending:
+        if _freed(session):
+            continue
+        link = session.connection.link_head(0)
+        while link is not None:
+            if link.session == session and not _freed(link):
+                _forget(link)
+            link = link.next(0)
+        _forget(session)
+        session.free()

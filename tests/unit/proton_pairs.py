@@ -96,6 +96,7 @@ def dispatch(collector: Collector, handler: Any) -> int:
     Returns how many events there were."""
     impl = collector._impl
     count = 0
+    reclaim.flush()  # the sessions ended last time: their end frames have been moved since
     while True:
         raw = pn_collector_peek(impl)
         if raw == _NULL:

@@ -1077,3 +1077,26 @@ def test_a_policy_given_as_a_rabbitmq_address_applies_to_the_queue_it_names() ->
     assert rt is not None and rt.policy.max_count == 100
     assert rig.destinations.find("/queue/rt") is None
     assert operations.remove_destination("/queue/rt")["name"] == "rt"
+
+
+def test_freeing_a_session_the_broker_ended_sends_it_no_settlement() -> None:
+    """The broker ends a session with transfers in flight on it: qpid-flow answers the end
+    and frees the session, which settles those transfers locally. The broker hears no
+    disposition of them: freed in the turn of the end, Proton wrote a bare settlement for
+    each before qpid-flow's end frame."""
+    rig = unbounded_rig()
+    pair = open_pair(rig)
+    session, broker_session = begin(rig, pair)
+    sender, at_broker = producer(rig, pair, session)
+    at_broker.flow(10)
+    rig.pump()
+    for n in range(3):
+        send(sender, encoded(n), f"t{n}")
+    rig.pump()
+    broker_session.condition = Condition("amqp:precondition-failed", "user_id does not match")
+    broker_session.close()
+    rig.pump()
+    session.close()  # the client answers the end it was passed: qpid-flow then answers the broker's
+    rig.pump()
+    assert pair.broker.received("disposition") == []
+    assert pair.broker.received("end"), "qpid-flow did not answer the end"
