@@ -17,6 +17,7 @@ docs/operations.md's table is generated (and checked by a test).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -298,9 +299,14 @@ class _Labels:
         shown = [r for r in records if str(r.get("name")) in self._named]
         rest = [r for r in records if str(r.get("name")) not in self._named]
         for record in rest:
-            self._aggregated[str(record.get("name"))] = {
-                key: _number(record[key]) for key in _COUNTER_KEYS if key in record
-            }
+            name = str(record.get("name"))
+            counted = {key: _number(record[key]) for key in _COUNTER_KEYS if key in record}
+            for key, before in self._aggregated.get(name, {}).items():
+                if counted.get(key, 0.0) < before:
+                    # Lower than last time: a destination deleted and made again under the
+                    # name between scrapes (one forgotten when idle, say) counts from 0.
+                    self.retired[key] = self.retired.get(key, 0.0) + before
+            self._aggregated[name] = counted
         return shown, rest
 
 
@@ -310,6 +316,7 @@ class RouterCollector(Collector):
     def __init__(self, take_snapshot: Callable[[], Snapshot], max_destinations: int = 500) -> None:
         self._take_snapshot = take_snapshot
         self._labels = _Labels(max_destinations)
+        self._lock = threading.Lock()
 
     @property
     def max_destinations(self) -> int:
@@ -320,10 +327,15 @@ class RouterCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._take_snapshot()
-        shown, rest = self._labels.split(snapshot.destinations)
+        # Scrapes come on threads of their own (two Prometheus servers, say): each splits
+        # the snapshot it took before the next takes one, or labels and _other's counts
+        # would move back and forth.
+        with self._lock:
+            snapshot = self._take_snapshot()
+            shown, rest = self._labels.split(snapshot.destinations)
+            retired = dict(self._labels.retired)
         yield from self._router(snapshot, len(rest))
-        yield from self._destinations(shown, rest)
+        yield from self._destinations(shown, rest, retired)
 
     def _router(self, s: Snapshot, aggregated: int) -> Iterator[Metric]:
         specs = {spec.name: spec for spec in ROUTER_METRICS}
@@ -363,8 +375,9 @@ class RouterCollector(Collector):
         yield gauge("qpid_flow_destinations", len(s.destinations))
         yield gauge("qpid_flow_metrics_destinations_aggregated", aggregated)
 
-    def _destinations(self, shown: list[dict[str, Any]], rest: list[dict[str, Any]]) -> Iterator[Metric]:
-        retired = self._labels.retired
+    def _destinations(
+        self, shown: list[dict[str, Any]], rest: list[dict[str, Any]], retired: dict[str, float]
+    ) -> Iterator[Metric]:
         for spec in DESTINATION_METRICS:
             assert spec.key is not None
             key = spec.key

@@ -123,3 +123,27 @@ def test_a_destination_keeps_its_label_and_other_s_counters_never_go_down() -> N
     assert enqueued() == {"B": 3, OTHER: 120}
     records[:] = [{**_record("B", 0), "enqueued": 3}]
     assert enqueued() == {"B": 3, OTHER: 120}
+
+
+def test_other_s_counters_keep_a_destination_made_again_under_its_name() -> None:
+    """A destination summed under _other is deleted and made again between two scrapes
+    (an auto-created name forgotten when idle, then used again): its counters start from
+    0, and _other keeps what the first one counted. (_other went from 1000 to 1.)"""
+    from qpid_flow.admin.metrics import RouterCollector
+
+    records: list[dict[str, Any]] = []
+    registry = registry_for(RouterCollector(lambda: _snapshot(records), 1))
+
+    def other_enqueued() -> float:
+        text = generate_latest(registry).decode()
+        return next(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "qpid_flow_destination_messages_enqueued_total" and sample.labels["destination"] == OTHER
+        )
+
+    records[:] = [{**_record("B", 5), "enqueued": 3}, {**_record("A", 1), "enqueued": 1000}]
+    assert other_enqueued() == 1000
+    records[:] = [{**_record("B", 5), "enqueued": 3}, {**_record("A", 1), "enqueued": 1}]
+    assert other_enqueued() == 1001
