@@ -166,6 +166,48 @@ def test_a_write_cut_short_by_a_full_disk_leaves_a_sound_segment(tmp_path: Path,
     assert not list(folder.glob("*.bad")), "nothing was damaged"
 
 
+# The same, but the full disk meets the segment's first batch, which carries the schema.
+_FIRST_WRITE_ON_A_FULL_DISK = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from pathlib import Path
+    from qpid_flow.policies.event_log.writers import Batch, SegmentSink
+
+    folder = Path(sys.argv[1])
+    rows = lambda first: [("enqueue", 1.0 + n, n, "q", n, f"id-{n}", 40, None, 3, n, 40 * n)
+                          for n in range(first, first + 100)]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    sink = SegmentSink(folder, "r", 0, 0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300, hard))
+    try:
+        sink.write(Batch.of(rows(1)))
+    except OSError as exc:
+        print("failed:", exc, file=sys.stderr)
+    else:
+        sys.exit("the batch was written whole: the limit did not bite")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    sink.write(Batch.of(rows(201)))
+    sink.write(Batch.of(rows(301)))
+    sink.close()
+    """
+)
+
+
+@needs_pyarrow
+def test_a_first_write_cut_short_by_a_full_disk_loses_only_that_batch(tmp_path: Path) -> None:
+    """The stream's schema goes out with its first batch: cut back to nothing, the stream
+    had none, and the batches after it were read as an empty segment (0 rows of 200,
+    found by a review). The stream is now given up and the next batch starts a segment."""
+    folder = tmp_path / "events"
+    written = _python(_FIRST_WRITE_ON_A_FULL_DISK, str(folder))
+    assert written.returncode == 0, written.stderr
+    assert "failed:" in written.stderr
+    read = _python(_START_AND_READ, str(folder))
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout) == [*range(201, 401)]
+
+
 def _damaged_stream(path: Path) -> None:
     """A stream as a writer without the cut left it: a valid batch (n 1-10), one whose
     offsets point backwards (what a batch written over a torn one reads as), another valid one."""

@@ -579,7 +579,9 @@ class _OpenStream:
                 self.writer.write_batch(record_batch)
             self.file.flush()
         except BaseException:
-            self.broken = not self._cut(start)
+            # Cut back to nothing, the stream has lost its schema (written with the first
+            # batch), and the writer would not write it again: give the stream up too.
+            self.broken = not self._cut(start) or start == 0
             raise
         return int(self.file.tell())
 
