@@ -220,8 +220,11 @@ class BrokerRouter(Router):
     ) -> None:
         super().__init__(config, hooks, destinations, None, memory)  # type: ignore[arg-type]
         self.backend = _Backend(self, group_reader)
+        self._group_reader = group_reader
         self._dialect_setting = config.broker_dialect
-        self.dialect: Dialect | None = None
+        # Known at once when configured; with "auto", from the first open of the broker's
+        # (a client's upstream connection, or qpid-flow's own reader: see _node).
+        self.dialect: Dialect | None = dialect_for(config.broker_dialect) if config.broker_dialect != "auto" else None
         self._producer_routes: dict[int, _ProducerRoute] = {}  # by producer id
         self._relay_tags = itertools.count(1)
         # Address -> its node in the broker's dialect: asked for every message relayed.
@@ -870,6 +873,12 @@ class BrokerRouter(Router):
         node = self._nodes.get(address)
         if node is None:
             dialect = self.dialect
+            if dialect is None and self._group_reader.dialect is not None:
+                # No client has reached the broker yet, but qpid-flow's reader has: an
+                # operator's /queue/X must name X before the first client connects.
+                dialect = self.dialect = self._group_reader.dialect
+                self._nodes.clear()
+                log.info("broker_dialect", dialect=dialect.name)
             node = dialect.node(address) if dialect is not None else Node(address, True)
             if len(self._nodes) >= _NODE_CACHE_SIZE:
                 self._nodes.clear()  # one-off addresses must not pile up

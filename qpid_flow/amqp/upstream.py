@@ -81,9 +81,10 @@ class GroupReader(Handler):
     ) -> None:
         super().__init__()
         self._brokers = config.broker_addresses
-        # How the broker reads outcomes: known once it answers the open (its product).
+        # How the broker reads addresses and outcomes: known once it answers the open (its
+        # product), at once when configured.
         self._dialect_setting = config.broker_dialect
-        self._dialect: Dialect = PLAIN
+        self.dialect: Dialect | None = dialect_for(config.broker_dialect) if config.broker_dialect != "auto" else None
         self._ssl_domain = _ssl_domain(config) if any(b.scheme == "amqps" for b in self._brokers) else None
         assert self._brokers, "GroupReader needs a broker"
         self._broker_index = 0  # which broker of the list: tried in order, from the first
@@ -155,7 +156,7 @@ class GroupReader(Handler):
             return
         self.connected = True
         product = (event.connection.remote_properties or {}).get("product")
-        self._dialect = dialect_for(self._dialect_setting, product if isinstance(product, str) else None)
+        self.dialect = dialect_for(self._dialect_setting, product if isinstance(product, str) else None)
         # The back-off is not reset here: a broker at its connection limit answers the
         # open and closes at once (see _proved_itself).
         self._connected_at = self._clock()
@@ -325,7 +326,7 @@ class GroupReader(Handler):
         the message leaves) goes to a broker that cannot map it (RabbitMQ 3.10 ends the
         session, and with it every consumer of the destination) as rejected: the message
         leaves the queue (to its dead-letter exchange, if it has one), as it leaves here."""
-        if settlement.outcome is Outcome.MODIFIED and not self._dialect.takes_modified:
+        if settlement.outcome is Outcome.MODIFIED and not (self.dialect or PLAIN).takes_modified:
             return _REJECTED
         return settlement
 

@@ -39,6 +39,7 @@ from qpid_flow.amqp.upstream import GroupReader as UpstreamGroupReader
 from qpid_flow.brokers import BrokerAddress
 from qpid_flow.config import RouterConfig, build_config
 from qpid_flow.core.destination import Destination
+from qpid_flow.core.dialect import Dialect
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Message as Fetched
 from qpid_flow.core.registry import Destinations
@@ -55,6 +56,7 @@ class StubGroupReader:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.dialect: Dialect | None = None  # the broker's, once the reader has reached it
 
     def consumer_attached(self, destination: Destination, durability: int = 0) -> None:
         self.calls.append(("consumer_attached", destination.address))
@@ -1100,3 +1102,20 @@ def test_freeing_a_session_the_broker_ended_sends_it_no_settlement() -> None:
     rig.pump()
     assert pair.broker.received("disposition") == []
     assert pair.broker.received("end"), "qpid-flow did not answer the end"
+
+
+@pytest.mark.parametrize("how", ["configured", "the reader's"])
+def test_an_operator_s_rabbitmq_address_is_mapped_before_any_client_connects(how: str) -> None:
+    """The dialect known before a client's connection has reached the broker: configured
+    (broker_dialect = "rabbitmq"), or found by qpid-flow's own reader. (It was learnt from
+    a client's upstream open only: a boot-time 'config add destination /queue/rt' made a
+    policy for a phantom '/queue/rt'.)"""
+    from qpid_flow.admin.operations import Operations
+    from qpid_flow.core.dialect import RABBITMQ
+
+    setting = "rabbitmq" if how == "configured" else "auto"
+    rig = Rig(config=build_config({"broker": BROKER.url, "broker_dialect": setting}))
+    if how == "the reader's":
+        rig.group_reader.dialect = RABBITMQ
+    operations = Operations(rig.destinations, cast(Any, None), rig.router)
+    assert operations.add_destination("/queue/rt", {"max_count": 100})["name"] == "rt"
