@@ -1050,10 +1050,12 @@ class BrokerRouter(Router):
         self._send_pending(route)
         client = route.client
         upstream = route.upstream
-        missing = pn_link_credit(client._impl) - len(route.pending) - pn_link_credit(upstream._impl)
+        missing = upstream_credit_to_add(
+            pn_link_credit(client._impl), len(route.pending), pn_link_credit(upstream._impl)
+        )
         if client.drain_mode and not route.draining:
             route.draining = True
-            upstream.drain(max(missing, 0))
+            upstream.drain(missing)
         elif missing > 0:
             upstream.flow(missing)
         self._upstream_credit_changed(route)
@@ -1334,6 +1336,18 @@ def _symbols(value: Any) -> SymbolList | None:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def upstream_credit_to_add(client_credit: int, pending: int, upstream_credit: int) -> int:
+    """The credit to add to a consumer's upstream link: the broker may have what the client
+    gave, less what waits here for the client already; never more, and never a flow that
+    leaves the link's credit below 0. RabbitMQ sends beyond the credit it was given, so the
+    upstream credit can be negative; adding to it only what the client's credit came to
+    then (less than what the broker had sent over) sent the broker a negative link-credit,
+    which goes out as an unsigned number near 2^32: the broker pushed qpid-flow its whole
+    queue. Raising it to 0 tells the broker to stop."""
+    wanted = max(client_credit - pending, 0)
+    return max(wanted - upstream_credit, 0)
 
 
 def _ended_by_broker(link: Link) -> bool:
