@@ -56,7 +56,7 @@ from qpid_flow.amqp.router import (
     selector_in_force,
     user_of,
 )
-from qpid_flow.core.dialect import Dialect, Node, dialect_for
+from qpid_flow.core.dialect import PLAIN, Dialect, Node, dialect_for
 from qpid_flow.core.jms_selector import Selector, SelectorError
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Consumer, Message, Outcome, Settlement
@@ -80,6 +80,7 @@ _FORCED = "amqp:connection:forced"
 log = structlog.get_logger(__name__)
 
 _ACCEPTED = Settlement.accepted()
+_RELEASED = Settlement.released()
 _PROBE = "probe"  # an upstream receiver that only checks a grouped consumer's right to read
 
 
@@ -1169,8 +1170,13 @@ class BrokerRouter(Router):
         settlement = relay_state(delivery, upstream)
         if delivery.settled:
             del route.sent[event.impl]
+            without_outcome = not delivery.remote_state
             delivery.settle()
             if settlement is not None:
+                if without_outcome and not (self.dialect or PLAIN).settling_without_outcome_removes:
+                    # Relayed as it came; the broker applies its own default outcome, which
+                    # keeps the message (RabbitMQ's: released).
+                    settlement = _RELEASED
                 self._counted_out(route, size, message, settlement)
 
     def _counted_out(self, route: _ConsumerRoute, size: int, message: Message | None, settlement: Settlement) -> None:

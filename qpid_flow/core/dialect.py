@@ -41,6 +41,9 @@ class Dialect(Protocol):
     # Whether the broker takes the ``modified`` outcome. RabbitMQ 3.10 does not: it ends the
     # session the disposition came on with amqp:invalid-field ("Unrecognised state").
     takes_modified: bool
+    # Whether a consumer's settlement without an outcome takes the message off the queue.
+    # RabbitMQ 3.10's default outcome is released (and it ends the session): it does not.
+    settling_without_outcome_removes: bool
 
     def node(self, address: str) -> Node:
         """The node ``address`` names."""
@@ -64,6 +67,7 @@ class RabbitMQDialect:
     __slots__ = ()
     name = "rabbitmq"
     takes_modified = False
+    settling_without_outcome_removes = False
 
     def node(self, address: str) -> Node:
         if "/" not in address:
@@ -87,6 +91,7 @@ class PlainDialect:
     __slots__ = ()
     name = "plain"
     takes_modified = True
+    settling_without_outcome_removes = True
 
     def node(self, address: str) -> Node:
         return Node(address, True)

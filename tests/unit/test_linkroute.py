@@ -1142,3 +1142,25 @@ def test_the_upstream_credit_never_goes_out_below_zero(
 
     assert upstream_credit_to_add(client, pending, upstream) == added
     assert upstream + added == then
+
+
+def test_a_consumer_settling_without_an_outcome_leaves_the_depth_as_rabbitmq_keeps_the_message() -> None:
+    """The settlement goes to the broker as it came (RabbitMQ applies its default outcome,
+    released, and ends the session): the message stays in the depth, and nothing is
+    counted acknowledged. (It was counted accepted and taken out of the depth, while the
+    broker still held it: depth 0 against 20 in the broker, 'acknowledged' 20.)"""
+    rig = Rig(config=build_config({"broker": BROKER.url, "broker_dialect": "rabbitmq"}))
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver, at_broker = consumer(rig, pair, session, "/queue/orders")
+    orders = rig.destinations.find("orders")
+    assert orders is not None
+    orders.depth = 1
+    receiver.flow(1)
+    rig.pump()
+    send(at_broker, encoded(1), "b1")
+    rig.pump()
+    got, _data = receive(receiver)
+    got.settle()  # no outcome
+    rig.pump()
+    assert (orders.depth, orders.stats()["acknowledged"]) == (1, 0)
