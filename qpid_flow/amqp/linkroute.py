@@ -520,7 +520,7 @@ class BrokerRouter(Router):
         """Attach upstream what the client attached, in full: the broker answers it."""
         session: Session = kept(link.session, "qf_peer")
         upstream = session.receiver(link.name) if link.is_sender else session.sender(link.name)
-        upstream.source.copy(link.remote_source)
+        _copy_terminus(upstream.source, link.remote_source, link.is_receiver)
         upstream.target.copy(link.remote_target)
         upstream.snd_settle_mode = link.remote_snd_settle_mode
         upstream.rcv_settle_mode = link.remote_rcv_settle_mode
@@ -581,7 +581,7 @@ class BrokerRouter(Router):
         client: Link | None = kept(upstream, "qf_peer")
         if client is None or not client.state & Endpoint.LOCAL_UNINIT or not self._pair_alive(upstream.connection):
             return
-        client.source.copy(upstream.remote_source)
+        _copy_terminus(client.source, upstream.remote_source, client.is_receiver)
         client.target.copy(upstream.remote_target)
         client.snd_settle_mode = upstream.remote_snd_settle_mode
         client.rcv_settle_mode = upstream.remote_rcv_settle_mode
@@ -1342,6 +1342,16 @@ def _symbols(value: Any) -> SymbolList | None:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _copy_terminus(local: Terminus, remote: Terminus, producer: bool) -> None:
+    """``remote`` into ``local``. A producer's source has no address: Proton then takes it
+    for no source at all (its outcomes and capabilities are kept, its type is not) and
+    would send none on. Producer links are given one, as clients send it (and as RabbitMQ
+    answers it)."""
+    local.copy(remote)
+    if producer and local.type == Terminus.UNSPECIFIED:
+        local.type = Terminus.SOURCE
 
 
 def upstream_credit_to_add(client_credit: int, pending: int, upstream_credit: int) -> int:

@@ -1164,3 +1164,22 @@ def test_a_consumer_settling_without_an_outcome_leaves_the_depth_as_rabbitmq_kee
     got.settle()  # no outcome
     rig.pump()
     assert (orders.depth, orders.stats()["acknowledged"]) == (1, 0)
+
+
+def test_a_producer_s_source_reaches_the_broker_and_its_answer_the_client(rig: Rig) -> None:
+    """A producer's source has no address (its capabilities, say what a JMS client asks
+    for): Proton took it for no source, and neither the broker nor, in the answer, the
+    client got one (directly, RabbitMQ answers a source)."""
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    sender = session.sender("writer")
+    capabilities = sender.source.capabilities
+    capabilities.put_array(False, Data.SYMBOL)
+    capabilities.enter()
+    capabilities.put_symbol("queue")
+    capabilities.exit()
+    sender.target.address = "orders"
+    attach(rig, pair, sender)
+    sent, answered = pair.broker.received("attach")[0], pair.client.received("attach")[0]
+    assert "source=@source(40)" in sent and ":queue" in sent
+    assert "source=@source(40)" in answered
