@@ -267,7 +267,9 @@ def test_a_stream_that_is_no_event_log_is_set_aside_at_start(tmp_path: Path) -> 
 @pytest.fixture
 def read_only_folder(tmp_path: Path) -> Iterator[Path]:
     """A folder this process cannot create files in: without write permission, and, for
-    root (whom permissions do not stop), immutable."""
+    root (whom permissions do not stop), immutable. Where neither holds (root on a file
+    system without the immutable flag, such as tmpfs), a folder of the kernel's, where no
+    one creates files (/sys/kernel)."""
     folder = tmp_path / "read-only"
     folder.mkdir()
     folder.chmod(0o555)
@@ -275,16 +277,27 @@ def read_only_folder(tmp_path: Path) -> Iterator[Path]:
     if immutable:
         immutable = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
     try:
-        try:
-            (folder / "probe").touch()
-        except OSError:
-            yield folder
-        else:
-            pytest.skip("cannot make a folder read-only here")
+        yield folder if not _can_create_in(folder) else _kernel_folder()
     finally:
         if immutable:
             subprocess.run(["chattr", "-i", str(folder)], check=True)
         folder.chmod(0o755)
+
+
+def _can_create_in(folder: Path) -> bool:
+    try:
+        (folder / "probe").touch()
+    except OSError:
+        return False
+    (folder / "probe").unlink()
+    return True
+
+
+def _kernel_folder() -> Path:
+    for candidate in (Path("/sys/kernel"), Path("/proc/self")):
+        if candidate.is_dir() and not _can_create_in(candidate):
+            return candidate
+    raise AssertionError("no folder this test can make read-only here (root, no chattr, no /sys)")
 
 
 @needs_pyarrow
