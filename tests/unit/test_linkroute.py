@@ -597,20 +597,37 @@ def test_a_transactional_transfer_goes_to_the_broker_in_its_transaction_and_the_
     assert list(outcome.value[0].value)[:2] == ["amqp:precondition-failed", "not in this queue"]
 
 
-def test_transfers_in_flight_when_their_producer_leaves_stay_in_the_depth() -> None:
-    """Three transfers reach the broker; the client closes its link before the broker's
-    outcomes. The broker keeps them (a detach takes nothing back): the depth keeps them.
-    (They were released on the client's side and left the depth: an undercount by a
-    window at every producer that left with transfers in flight.)"""
+@dataclass
+class InFlight:
+    """Three transfers a client's producer sent to 'orders', at the broker, unanswered."""
+
+    rig: Rig
+    pair: Pair
+    session: Session
+    broker_session: Session
+    sender: Sender
+
+
+def three_in_flight() -> InFlight:
     rig = unbounded_rig()
     pair = open_pair(rig)
-    session, _ = begin(rig, pair)
+    session, broker_session = begin(rig, pair)
     sender, at_broker = producer(rig, pair, session)
     at_broker.flow(10)
     rig.pump()
     for n in range(3):
         send(sender, encoded(n), f"t{n}")
     rig.pump()
+    return InFlight(rig, pair, session, broker_session, sender)
+
+
+def test_transfers_in_flight_when_their_producer_leaves_stay_in_the_depth() -> None:
+    """Three transfers reach the broker; the client closes its link before the broker's
+    outcomes. The broker keeps them (a detach takes nothing back): the depth keeps them.
+    (They were released on the client's side and left the depth: an undercount by a
+    window at every producer that left with transfers in flight.)"""
+    flight = three_in_flight()
+    rig, sender = flight.rig, flight.sender
     orders = rig.destinations.find("orders")
     assert orders is not None and orders.depth == 3
     sender.close()
@@ -623,15 +640,8 @@ def test_transfers_in_flight_when_the_broker_ends_the_session_leave_the_depth() 
     (RabbitMQ does for a transfer it refuses, and drops what it had not confirmed). They
     leave the depth: counted as kept, they stayed in it for good, and after enough of
     these flow control stopped producers of an empty queue."""
-    rig = unbounded_rig()
-    pair = open_pair(rig)
-    session, broker_session = begin(rig, pair)
-    sender, at_broker = producer(rig, pair, session)
-    at_broker.flow(10)
-    rig.pump()
-    for n in range(3):
-        send(sender, encoded(n), f"t{n}")
-    rig.pump()
+    flight = three_in_flight()
+    rig, session, broker_session = flight.rig, flight.session, flight.broker_session
     orders = rig.destinations.find("orders")
     assert orders is not None and orders.depth == 3
     broker_session.condition = Condition("amqp:precondition-failed", "user_id does not match")
@@ -1086,15 +1096,8 @@ def test_freeing_a_session_the_broker_ended_sends_it_no_settlement() -> None:
     and frees the session, which settles those transfers locally. The broker hears no
     disposition of them: freed in the turn of the end, Proton wrote a bare settlement for
     each before qpid-flow's end frame."""
-    rig = unbounded_rig()
-    pair = open_pair(rig)
-    session, broker_session = begin(rig, pair)
-    sender, at_broker = producer(rig, pair, session)
-    at_broker.flow(10)
-    rig.pump()
-    for n in range(3):
-        send(sender, encoded(n), f"t{n}")
-    rig.pump()
+    flight = three_in_flight()
+    rig, pair, session, broker_session = flight.rig, flight.pair, flight.session, flight.broker_session
     broker_session.condition = Condition("amqp:precondition-failed", "user_id does not match")
     broker_session.close()
     rig.pump()
