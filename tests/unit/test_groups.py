@@ -436,11 +436,18 @@ def test_a_group_head_too_large_for_its_owner_waits_for_the_group_to_be_free(sol
 def leased_destination(lease: float) -> tuple[Destination, Any, list[tuple[str, Any]]]:
     """A grouped destination with ``group_lease``, its groups plugin's clock in the test's
     hands (ManualControl), and what each consumer was sent: (consumer name, group)."""
+    _, destination, control = grouped_with_clock({"shared_groups": True, "group_lease": lease})
+    return destination, control, []
+
+
+def grouped_with_clock(settings: dict[str, Any]) -> tuple[Any, Destination, Any]:
+    """Destination 'q' with ``settings``, in its registry, with the groups plugin's clock in
+    the test's hands (ManualControl): (registry, destination, control)."""
     from qpid_flow.config import build_config
     from qpid_flow.core.registry import Destinations
     from qpid_flow.testing import ManualControl
 
-    config = build_config({"destinations": {"q": {"shared_groups": True, "group_lease": lease}}})
+    config = build_config({"destinations": {"q": settings}})
     manager = build_plugin_manager()
     hooks = Hooks(manager)
     hooks.configure(config=config, manager=manager)
@@ -448,11 +455,12 @@ def leased_destination(lease: float) -> tuple[Destination, Any, list[tuple[str, 
     plugin = manager.get_plugin("groups")
     assert plugin is not None
     plugin._clock = lambda: control.now
-    destination = Destinations(config, hooks, control.memory).get("q")
+    registry = Destinations(config, hooks, control.memory)
+    destination = registry.get("q")
     assert destination is not None
     control.add(destination)
     hooks.started(control=cast("RouterControl", control))
-    return destination, control, []
+    return registry, destination, control
 
 
 def test_a_group_lost_to_its_lease_goes_to_another_consumer_not_back_to_the_stuck_one() -> None:
@@ -554,23 +562,7 @@ def test_a_group_lease_added_at_runtime_is_enforced() -> None:
     at runtime, and the stuck consumer's group goes to a working one a lease later. (The
     lease sweep only started when groups were first enabled: a lease added later showed in
     the policy and was never applied.)"""
-    from qpid_flow.config import build_config
-    from qpid_flow.core.registry import Destinations
-    from qpid_flow.testing import ManualControl
-
-    config = build_config({"destinations": {"q": {"shared_groups": True}}})
-    manager = build_plugin_manager()
-    hooks = Hooks(manager)
-    hooks.configure(config=config, manager=manager)
-    control = ManualControl(hooks=hooks)
-    plugin = manager.get_plugin("groups")
-    assert plugin is not None
-    plugin._clock = lambda: control.now
-    registry = Destinations(config, hooks, control.memory)
-    destination = registry.get("q")
-    assert destination is not None
-    control.add(destination)
-    hooks.started(control=cast("RouterControl", control))
+    registry, destination, control = grouped_with_clock({"shared_groups": True})
     sent: list[tuple[str, str | None]] = []
     stuck = Consumer("q", lambda c, m: sent.append((c.name, m.group_id())), name="stuck")
     destination.add_consumer(stuck)
