@@ -206,7 +206,8 @@ ROUTER_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "qpid_flow_upstream_connections",
         "gauge",
-        "Connections to the broker, by state (the clients' own and qpid-flow's).",
+        "Connections to the broker, by state (the clients' own and qpid-flow's: the one that tells the broker is"
+        " reachable, and one per grouped destination with consumers).",
         ("state",),
     ),
     MetricSpec("qpid_flow_messages_in", "counter", "Messages admitted to destinations, router-wide."),

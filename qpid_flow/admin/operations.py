@@ -132,7 +132,8 @@ class Operations:
                 upstream[record["upstream"]] += 1
         reader = getattr(router.backend, "group_reader", None)  # in front of a broker
         if reader is not None:
-            upstream["open" if reader.connected else "opening"] += 1
+            for is_open in reader.connection_states():
+                upstream["open" if is_open else "opening"] += 1
         records = self.stat()
         destinations = list(self._destinations)
         return Snapshot(

@@ -1,4 +1,4 @@
-"""In front of a broker: qpid-flow's own connection, which reads grouped destinations.
+"""In front of a broker: qpid-flow's own connections, which read grouped destinations.
 
 Clients' links are mirrored to the broker each on the client's own connection
 (:mod:`qpid_flow.amqp.linkroute`); a destination with ``shared_groups`` is the exception,
@@ -6,6 +6,13 @@ because only one reader can pin groups. One upstream receiver per such destinati
 feeds its local consumers with a bounded look-ahead of credit; its messages stay
 unsettled at the broker until a local consumer settles them, and the consumer's outcome
 is what the broker is told.
+
+Each grouped destination is read on a connection of its own, opened when its first
+consumer comes and closed when its last one goes: RabbitMQ closes a whole connection for
+the fault of one of its links (deleting a queue that a receiver reads), and a connection
+shared by every grouped destination let one queue's trouble detach the consumers of all
+the others. One more connection, opened at start and carrying no link, tells whether
+the broker is reachable (``/readyz``) and which broker it is (its dialect).
 
 Reconnect behaviour, chosen on purpose: the messages fetched for consumers are
 forgotten when the connection drops, since the broker delivers them again; consumers
@@ -23,7 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import structlog
@@ -53,6 +60,15 @@ _ACCEPTED = Settlement.accepted()
 _RELEASED = Settlement.released()
 _REJECTED = Settlement(Outcome.REJECTED)
 
+# Connections are numbered across all of the reader's connections: a message remembers the
+# connection it came on (``upstream_epoch``; 0 for one that did not come from the reader).
+_connection_numbers = itertools.count(1)
+
+# How long a grouped destination's connection stays open once its last consumer has gone:
+# a client that opens a consumer per request would otherwise make the broker set up and
+# tear down a connection (TCP, SASL, open) each time.
+IDLE_READER_LINGER = 10.0
+
 
 class _Receiver:
     """The shared upstream receiver of one source address."""
@@ -67,8 +83,9 @@ class _Receiver:
 
 
 @contain_errors
-class GroupReader(Handler):
-    """Reads grouped destinations from the broker for their consumers through qpid-flow."""
+class _ReaderConnection(Handler):
+    """One connection of the reader to the broker, with its reconnect back-off: it reads
+    one grouped destination (the reachability probe, none)."""
 
     def __init__(
         self,
@@ -78,8 +95,10 @@ class GroupReader(Handler):
         on_link_failed: Callable[[str, bool, Condition | None], None],
         on_holders_lost: Callable[[str, set[int]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        reads: str | None = None,
     ) -> None:
         super().__init__()
+        self.reads = reads  # the grouped destination it reads, for the logs (None: the probe)
         self._brokers = config.broker_addresses
         # How the broker reads addresses and outcomes: known once it answers the open (its
         # product), at once when configured.
@@ -105,7 +124,7 @@ class GroupReader(Handler):
         self._connection: Connection | None = None
         self.connected = False
         self.closing = False
-        self.epoch = 0  # which connection; deliveries of an older one are dead
+        self.epoch = 0  # which connection (numbered across the reader's); deliveries of an older one are dead
         self._delay = 0.0
         self._clock = clock
         self._connected_at = 0.0  # when the open of the current connection came (clock)
@@ -118,9 +137,9 @@ class GroupReader(Handler):
         self._connect()
 
     def _connect(self) -> None:
-        self.epoch += 1
+        self.epoch = next(_connection_numbers)
         broker = self._brokers[self._broker_index]
-        log.info("upstream_connecting", broker=broker.redacted, attempt_delay=self._delay)
+        log.info("upstream_connecting", broker=broker.redacted, reads=self.reads, attempt_delay=self._delay)
         # The URL's path is the virtual host, sent as RabbitMQ expects it: "vhost:NAME".
         virtual_host = f"vhost:{broker.vhost}" if broker.vhost else None
         self._connection = self._container.connect(
@@ -160,7 +179,9 @@ class GroupReader(Handler):
         # The back-off is not reset here: a broker at its connection limit answers the
         # open and closes at once (see _proved_itself).
         self._connected_at = self._clock()
-        log.info("upstream_connected", broker=self._brokers[self._broker_index].redacted, epoch=self.epoch)
+        log.info(
+            "upstream_connected", broker=self._brokers[self._broker_index].redacted, reads=self.reads, epoch=self.epoch
+        )
         for receiver in self._receivers.values():
             self._open_receiver(receiver)
 
@@ -169,6 +190,7 @@ class GroupReader(Handler):
             condition = event.connection.remote_condition
             log.warning(
                 "upstream_closed_by_broker",
+                reads=self.reads,
                 condition=condition.name if condition else None,
                 description=condition.description if condition else None,
             )
@@ -180,6 +202,7 @@ class GroupReader(Handler):
             condition = event.transport.condition
             log.warning(
                 "upstream_error",
+                reads=self.reads,
                 condition=condition.name if condition else None,
                 description=condition.description if condition else None,
             )
@@ -214,7 +237,7 @@ class GroupReader(Handler):
         if self.closing:
             return
         if was_connected:
-            log.warning("upstream_disconnected", broker=self._brokers[self._broker_index].redacted)
+            log.warning("upstream_disconnected", broker=self._brokers[self._broker_index].redacted, reads=self.reads)
         self._schedule_reconnect(proved_itself)
 
     def _proved_itself(self) -> bool:
@@ -274,6 +297,12 @@ class GroupReader(Handler):
         keep_link(link)
         receiver.link = link
         self._top_up(receiver)
+
+    @property
+    def idle(self) -> bool:
+        """Reads nothing: no consumer of its destination is left, or the broker closed its
+        receiver."""
+        return not self._receivers
 
     def consumer_detached(self, destination: Destination) -> None:
         if destination.consumers:
@@ -429,6 +458,95 @@ class GroupReader(Handler):
             self._give_back_fetched(receiver.destination)
         if self._connection is not None and self._connection.state & Endpoint.LOCAL_ACTIVE:
             self._connection.close()
+
+
+class GroupReader:
+    """Reads grouped destinations from the broker for their consumers through qpid-flow:
+    each on a connection of its own (see the module's docstring), with one more
+    connection, carrying no link, for ``connected`` and ``dialect``."""
+
+    def __init__(
+        self,
+        container: Container,
+        config: RouterConfig,
+        destinations: Destinations,
+        on_link_failed: Callable[[str, bool, Condition | None], None],
+        on_holders_lost: Callable[[str, set[int]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._container = container
+        self._new_connection = functools.partial(
+            _ReaderConnection, container, config, destinations, on_link_failed, on_holders_lost, clock
+        )
+        self._dialect_configured = dialect_for(config.broker_dialect) if config.broker_dialect != "auto" else None
+        self._probe: _ReaderConnection | None = None
+        self._readers: dict[str, _ReaderConnection] = {}  # by grouped destination's address
+
+    def start(self) -> None:
+        self._probe = self._new_connection()
+        self._probe.start()
+
+    @property
+    def connected(self) -> bool:
+        """The broker is reachable: the probe's connection is open."""
+        return self._probe is not None and self._probe.connected
+
+    @property
+    def dialect(self) -> Dialect | None:
+        """How the broker reads addresses and outcomes: configured, or learnt from the
+        first of the reader's connections that the broker answered."""
+        if self._dialect_configured is not None:
+            return self._dialect_configured
+        for connection in self._connections():
+            if connection.dialect is not None:
+                return connection.dialect
+        return None
+
+    def connection_states(self) -> Iterator[bool]:
+        """Whether each of the reader's connections is open (for the metrics)."""
+        for connection in self._connections():
+            yield connection.connected
+
+    def _connections(self) -> Iterator[_ReaderConnection]:
+        if self._probe is not None:
+            yield self._probe
+        yield from self._readers.values()
+
+    def consumer_attached(self, destination: Destination, durability: int = Terminus.NONDURABLE) -> None:
+        """A consumer of ``destination`` came: read it (on its own connection, opened for
+        its first consumer), with a source of ``durability``."""
+        reader = self._readers.get(destination.address)
+        if reader is None:
+            reader = self._readers[destination.address] = self._new_connection(reads=destination.address)
+            reader.start()
+        reader.consumer_attached(destination, durability)
+
+    def consumer_detached(self, destination: Destination) -> None:
+        """A consumer of ``destination`` left: once none is left, what was fetched for it
+        goes back to the broker, and its connection closes unless a consumer comes again
+        within ``IDLE_READER_LINGER``."""
+        reader = self._readers.get(destination.address)
+        if reader is None:
+            return
+        reader.consumer_detached(destination)
+        if reader.idle:
+            check = functools.partial(self._close_if_idle, destination.address, reader)
+            self._container.schedule(IDLE_READER_LINGER, Call(check))
+
+    def _close_if_idle(self, address: str, reader: _ReaderConnection) -> None:
+        if self._readers.get(address) is reader and reader.idle:
+            del self._readers[address]
+            reader.shutdown()
+
+    def demand_changed(self, destination: Destination) -> None:
+        reader = self._readers.get(destination.address)
+        if reader is not None:
+            reader.demand_changed(destination)
+
+    def shutdown(self) -> None:
+        """Release every fetched message back to the broker and close the connections."""
+        for connection in self._connections():
+            connection.shutdown()
 
 
 def _ssl_domain(config: RouterConfig) -> SSLDomain:

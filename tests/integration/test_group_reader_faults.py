@@ -1,5 +1,6 @@
 """qpid-flow's own reader of grouped destinations against brokers that misbehave: one that
-closes every connection as soon as it is open, and RabbitMQ ending the reader's session."""
+closes every connection as soon as it is open, RabbitMQ ending the reader's session, and
+RabbitMQ closing the reader's connection of one grouped queue when that queue is deleted."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .clients import unique
 from .harness.broker import Broker
 from .harness.net import free_port, wait_for_port
 from .harness.router import StartRouter
+from .harness.scenario import ctl
 
 pytestmark = pytest.mark.integration
 
@@ -192,3 +194,43 @@ def test_a_grouped_consumer_s_modified_outcome_ends_no_one_s_session(
                 connection.close()
     router.stop()
     assert rabbitmq.queue_depth(address) == 0, "a0 was not taken out of the queue"
+
+
+def test_deleting_one_grouped_queue_leaves_the_consumers_of_another_attached(
+    rabbitmq: Broker, qpid_flow_process: StartRouter
+) -> None:
+    """RabbitMQ closes the connection that reads a queue when the queue is deleted. Every
+    grouped destination was read on one connection of qpid-flow's, so deleting one grouped
+    queue detached the consumers of all of them (amqp:link:detach-forced), which a client
+    connected to RabbitMQ directly never sees for a queue it does not read. Each grouped
+    destination is now read on a connection of its own."""
+    deleted, kept = unique("grouped-deleted"), unique("grouped-kept")
+    router = qpid_flow_process(
+        broker_url=rabbitmq.url,
+        config_text=grouped_config(deleted) + grouped_config(kept),
+        extra_args=["--disable-plugin", "rabbitmq_depth"],
+    )
+    direct = BlockingConnection(rabbitmq.url, timeout=15)
+    doomed = BlockingConnection(router.url, timeout=15)
+    bystander = BlockingConnection(router.url, timeout=15)
+    try:
+        for address in (deleted, kept):
+            sender = direct.create_sender(address)
+            for n in range(2):
+                sender.send(Message(body=f"{address}-{n}", group_id="A"))
+        doomed.create_receiver(deleted, credit=1).receive(timeout=15)  # held, unsettled
+        reader = bystander.create_receiver(kept, credit=1)
+        assert reader.receive(timeout=15).body == f"{kept}-0"  # held, unsettled
+
+        ctl(rabbitmq, "delete_queue", deleted)
+        with pytest.raises(Timeout):
+            bystander.wait(lambda: False, timeout=3)  # no detach comes
+        reader.accept()
+        assert reader.receive(timeout=15).body == f"{kept}-1"
+        reader.accept()
+    finally:
+        for connection in (doomed, bystander, direct):
+            with contextlib.suppress(Exception):
+                connection.close()
+    router.stop()
+    assert rabbitmq.queue_depth(kept) == 0, "the bystander's accepts did not reach the broker"

@@ -393,21 +393,20 @@ def test_a_consumer_holding_a_group_is_detached_when_the_reader_connection_is_lo
         config_text=grouped_config(address),
         extra_args=["--disable-plugin", "rabbitmq_depth"],  # its AMQP 0-9-1 connection aside
     )
-    # Before any client: qpid-flow's only connection to the broker is its reader.
-    deadline = time.monotonic() + 15
-    while len(readers := _connections_to(router.pid, rabbitmq.port)) != 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(readers) == 1, readers
     first = BlockingConnection(router.url, timeout=15)
     second = BlockingConnection(router.url, timeout=15)
     try:
         sender = first.create_sender(address)
         for n in range(4):
             sender.send(Message(body=f"a{n}", group_id="A"))
+        # qpid-flow's connections to the broker so far: its probe and the clients' own.
+        before = set(_connections_to(router.pid, rabbitmq.port))
         holder = first.create_receiver(address, credit=4)
         assert [holder.receive(timeout=15).body for _ in range(4)] == ["a0", "a1", "a2", "a3"]  # held, unsettled
+        # The one the first grouped consumer added: the destination's reader.
+        [reader] = set(_connections_to(router.pid, rabbitmq.port)) - before
         # A network fault on that one connection: both ends see it reset.
-        reset = ["ss", "-K", "-tn", f"( sport = :{readers[0]} and dport = :{rabbitmq.port} )"]
+        reset = ["ss", "-K", "-tn", f"( sport = :{reader} and dport = :{rabbitmq.port} )"]
         subprocess.run(reset, check=True, capture_output=True)
         with pytest.raises(LinkDetached) as detached:
             first.wait(lambda: False, timeout=10)

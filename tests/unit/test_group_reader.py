@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import structlog
-from proton import Collector, Condition, Connection, Delivery, Endpoint, Link, Message, Receiver, Sender, Session
+from proton import Condition, Connection, Delivery, Endpoint, Link, Message, Receiver, Sender, Session
 
-from qpid_flow.amqp.upstream import GroupReader
+from qpid_flow.amqp.upstream import IDLE_READER_LINGER, GroupReader
 from qpid_flow.config import RouterConfig, build_config
 from qpid_flow.core.registry import Destinations
 from tests.unit.proton_pairs import End, dispatch, move_bytes
@@ -33,24 +33,25 @@ LOOKAHEAD = 10
 
 @dataclass
 class Upstream:
-    """One connection the reader made: its end, and the broker's end of it."""
+    """One connection the reader made: its handler, its end, and the broker's end of it."""
 
     url: str
+    handler: Any
     reader: End
     broker: End
 
 
 @dataclass
 class FakeContainer:
-    """What GroupReader uses of the reactor: ``connect`` (to an in-memory broker end) and
-    ``schedule`` (recorded, run by the test)."""
+    """What GroupReader uses of the reactor: ``connect`` (to an in-memory broker end, whose
+    events go to the connection's handler, as the reactor's do) and ``schedule``
+    (recorded, run by the test)."""
 
-    collector: Collector
     upstreams: list[Upstream] = field(default_factory=list)
     timers: list[tuple[float, object]] = field(default_factory=list)
 
     def connect(self, url: str, handler: object, **_options: object) -> Connection:
-        upstream = Upstream(url, End(server=False, collector=self.collector), End(server=True))
+        upstream = Upstream(url, handler, End(server=False), End(server=True))
         upstream.reader.connection.open()  # as Container.connect does
         self.upstreams.append(upstream)
         return upstream.reader.connection
@@ -70,8 +71,7 @@ class ReaderRig:
         on_holders_lost: Callable[[str, set[int]], None] | None = None,
     ) -> None:
         self.now = 1000.0
-        self.collector = Collector()
-        self.container = FakeContainer(self.collector)
+        self.container = FakeContainer()
         self.reader = GroupReader(
             cast("Container", self.container),
             config,
@@ -86,13 +86,19 @@ class ReaderRig:
         """The reader's latest connection."""
         return self.container.upstreams[-1]
 
+    def upstreams_reading(self, address: str | None) -> list[Upstream]:
+        """The connections made to read ``address`` (None: the reachability probe's), oldest
+        first."""
+        return [upstream for upstream in self.container.upstreams if upstream.handler.reads == address]
+
     def pump(self) -> bool:
         """Handle the reader's events and move bytes on its wires until nothing happens;
         True if anything did."""
         moved = False
         for _ in range(1000):
-            busy = dispatch(self.collector, self.reader) > 0
+            busy = False
             for upstream in self.container.upstreams:
+                busy = dispatch(upstream.reader.collector, upstream.handler) > 0 or busy
                 busy = move_bytes(upstream.reader.transport, upstream.broker.transport) or busy
                 busy = move_bytes(upstream.broker.transport, upstream.reader.transport) or busy
                 busy = upstream.broker.take_events() > 0 or busy
@@ -103,12 +109,14 @@ class ReaderRig:
 
     def reconnect(self) -> float:
         """Run the reconnect the reader scheduled (its timer fires); returns its delay."""
-        scheduled = [(delay, handler) for delay, handler in self.container.timers if handler is self.reader]
+        handlers = [upstream.handler for upstream in self.container.upstreams]
+        scheduled = [(delay, handler) for delay, handler in self.container.timers if handler in handlers]
         assert len(scheduled) == 1, f"expected one reconnect scheduled, got {scheduled}"
         self.container.timers.clear()
-        self.reader.on_timer_task(cast("Event", None))
+        delay, handler = scheduled[0]
+        cast(Any, handler).on_timer_task(cast("Event", None))
         self.pump()
-        return scheduled[0][0]
+        return delay
 
 
 def reader_config(brokers: str = BROKER.url, **settings: Any) -> RouterConfig:
@@ -191,19 +199,19 @@ def test_a_broker_of_the_list_that_closes_at_once_is_passed_over_for_the_next() 
 
 @dataclass
 class GroupedRig:
-    """Clients through a real BrokerRouter (test_linkroute's Rig) whose grouped destination
-    ``orders`` is fed by a real GroupReader."""
+    """Clients through a real BrokerRouter (test_linkroute's Rig) whose grouped destinations
+    (``orders``, and any others named) are fed by a real GroupReader."""
 
     rig: Rig
     upstream: ReaderRig
 
     @classmethod
-    def build(cls) -> GroupedRig:
+    def build(cls, *addresses: str) -> GroupedRig:
         config = build_config(
             {
                 "broker": BROKER.url,
                 "consumer_lookahead": LOOKAHEAD,
-                "destinations": {"orders": {"shared_groups": True}},
+                "destinations": {address: {"shared_groups": True} for address in addresses or ("orders",)},
             }
         )
         rig = Rig(config=config)
@@ -230,11 +238,11 @@ class GroupedRig:
                 return
         raise AssertionError("the router and the reader never went quiet")
 
-    def consumer(self, pair: Pair, session: Session, name: str, credit: int) -> Receiver:
-        """A client's consumer of ``orders``: the broker allows its check (a zero-credit
+    def consumer(self, pair: Pair, session: Session, name: str, credit: int, address: str = "orders") -> Receiver:
+        """A client's consumer of ``address``: the broker allows its check (a zero-credit
         attach on the client's own connection), then qpid-flow's dispatch serves it."""
         receiver = session.receiver(name)
-        receiver.source.address = "orders"
+        receiver.source.address = address
         receiver.open()
         self.pump()
         check = broker_link(pair, name)
@@ -247,9 +255,13 @@ class GroupedRig:
         self.pump()
         return receiver
 
-    def answer_reader(self) -> Sender:
-        """The broker answers the reader's new session and receiver: its sender of ``orders``."""
-        broker = self.upstream.upstream.broker.connection
+    def answer_reader(self, address: str = "orders") -> Sender:
+        """The broker answers the reader's new session and receiver (and, first, the open of
+        the connection made to read ``address``): its sender of ``address``."""
+        broker = self.upstream.upstreams_reading(address)[-1].broker.connection
+        if broker.state & Endpoint.LOCAL_UNINIT:
+            broker.open()
+            self.pump()
         session = broker.session_head(Endpoint.LOCAL_UNINIT | Endpoint.REMOTE_ACTIVE)
         assert session is not None, "the reader began no new session"
         session.open()
@@ -338,3 +350,84 @@ def test_what_a_reader_the_broker_ended_had_fetched_is_forgotten_and_a_new_consu
     accepted.settle()
     grouped_rig.pump()
     assert redelivered[0].remote_state == Delivery.ACCEPTED
+
+
+# --- one connection per grouped destination ------------------------------------------------------
+
+
+def test_the_broker_closing_one_grouped_destination_s_connection_leaves_the_others_alone() -> None:
+    """RabbitMQ closes the whole connection for the fault of one of its links (a deleted
+    queue that a receiver reads). All grouped destinations were read on one connection, so
+    deleting one queue detached the consumers of every grouped destination. Each is now
+    read on a connection of its own: only the deleted queue's consumers are detached."""
+    grouped_rig = GroupedRig.build("orders", "invoices")
+    pair = open_pair(grouped_rig.rig)
+    session, _ = begin(grouped_rig.rig, pair)
+    orders = grouped_rig.consumer(pair, session, "orders-consumer", credit=5, address="orders")
+    orders_sender = grouped_rig.answer_reader("orders")
+    invoices = grouped_rig.consumer(pair, session, "invoices-consumer", credit=5, address="invoices")
+    invoices_sender = grouped_rig.answer_reader("invoices")
+    assert orders_sender.connection is not invoices_sender.connection
+    broker_sends(orders_sender, "o0")
+    invoice_deliveries = broker_sends(invoices_sender, "i0", "i1")
+    grouped_rig.pump()
+    assert [body for _, body in received(orders)] == ["o0"]  # held, unsettled
+    held_invoices = received(invoices)
+    assert [body for _, body in held_invoices] == ["i0", "i1"]  # held, unsettled
+
+    broker = orders_sender.connection
+    broker.condition = Condition("amqp:internal-error", "queue 'orders' in vhost 'v1' deleted")
+    broker.close()
+    grouped_rig.pump()
+
+    assert orders.state & Endpoint.REMOTE_CLOSED
+    assert orders.remote_condition.name == "amqp:link:detach-forced"
+    assert invoices.state & Endpoint.REMOTE_ACTIVE, "a consumer of another grouped destination was detached"
+    assert grouped_rig.upstream.reader.connected, "the reachability probe went with the orders connection"
+    accepted, _ = held_invoices[0]
+    accepted.update(Delivery.ACCEPTED)
+    accepted.settle()
+    grouped_rig.pump()
+    assert invoice_deliveries[0].remote_state == Delivery.ACCEPTED
+
+
+def test_a_grouped_destination_s_connection_closes_when_its_last_consumer_leaves() -> None:
+    """What was fetched ahead goes back to the broker (released) at once. The connection
+    made to read the destination stays IDLE_READER_LINGER for a consumer that comes again
+    (a client that opens a consumer per request), then closes; a later consumer gets a new
+    one."""
+    grouped_rig = GroupedRig.build()
+    pair = open_pair(grouped_rig.rig)
+    session, _ = begin(grouped_rig.rig, pair)
+    consumer = grouped_rig.consumer(pair, session, "first", credit=1)
+    sender = grouped_rig.answer_reader()
+    deliveries = broker_sends(sender, "m0", "m1")
+    grouped_rig.pump()
+    [(held, _)] = received(consumer)
+    held.update(Delivery.ACCEPTED)
+    held.settle()
+    grouped_rig.pump()
+
+    consumer.close()
+    grouped_rig.pump()
+    assert deliveries[0].remote_state == Delivery.ACCEPTED
+    assert deliveries[1].remote_state == Delivery.RELEASED  # fetched ahead, never given out
+    assert not sender.connection.state & Endpoint.REMOTE_CLOSED
+    grouped_rig.consumer(pair, session, "again", credit=1).close()  # within the linger
+    grouped_rig.answer_reader()
+    grouped_rig.pump()
+    readers = grouped_rig.upstream.upstreams_reading("orders")
+    assert len(readers) == 1, "a new connection for a consumer within the linger"
+
+    # The linger's timers (and the open deadlines, which find their connections open).
+    timers = [timer for delay, timer in grouped_rig.upstream.container.timers if delay >= IDLE_READER_LINGER]
+    grouped_rig.upstream.container.timers.clear()
+    for timer in timers:
+        cast(Any, timer).on_timer_task(None)
+    grouped_rig.pump()
+    assert sender.connection.state & Endpoint.REMOTE_CLOSED
+    assert grouped_rig.upstream.reader.connected
+
+    grouped_rig.consumer(pair, session, "later", credit=1)
+    grouped_rig.answer_reader()
+    assert len(grouped_rig.upstream.upstreams_reading("orders")) == 2
