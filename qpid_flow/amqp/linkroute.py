@@ -572,9 +572,29 @@ class BrokerRouter(Router):
             if node.is_queue:
                 destination = self.destinations.get(node.name)
         grouped = destination is not None and destination.dispatched_by_plugin
+        if grouped and (refusal := self._outside_the_readers_vhost(link)) is not None:
+            log.warning("grouped_consumer_refused", connection=kept(link.connection, "qf_id"), reason=refusal)
+            self._refuse_link(link, "amqp:not-allowed", refusal)
+            return
         upstream = self._mirror(link, _PROBE if grouped else None)
         if not grouped:
             link.qf_route = upstream.qf_route = _ConsumerRoute(link, upstream, destination)
+
+    def _outside_the_readers_vhost(self, link: Link) -> str | None:
+        """Why a grouped destination's consumer on ``link`` cannot be served, if it
+        cannot: its connection is in another vhost than qpid-flow's reader. The reader
+        reads the queue of the broker URL's vhost; a consumer whose own attach the broker
+        allowed in its vhost would otherwise get the messages of a vhost it may have no
+        right to read. (Destinations are known by name alone: one name in two vhosts is
+        one destination here.)"""
+        wanted = _vhost_selected_by(link.connection.remote_hostname)
+        served = {broker.vhost or _DEFAULT_VHOST for broker in self.config.broker_addresses}
+        if served == {wanted}:
+            return None
+        return (
+            f"{link.remote_source.address!r} has shared_groups, served only in the vhost of qpid-flow's broker URL "
+            f"({', '.join(sorted(served))}); this connection's vhost is {wanted!r}"
+        )
 
     def _broker_answered(self, upstream: Link) -> None:
         """The broker's attach: the client gets it as it came; then traffic may start."""
@@ -1342,6 +1362,16 @@ def _symbols(value: Any) -> SymbolList | None:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+_DEFAULT_VHOST = "/"
+
+
+def _vhost_selected_by(hostname: str | None) -> str:
+    """The vhost an open's hostname selects at RabbitMQ: ``vhost:NAME``, else the default."""
+    if hostname and hostname.startswith("vhost:"):
+        return hostname[len("vhost:") :] or _DEFAULT_VHOST
+    return _DEFAULT_VHOST
 
 
 def _copy_terminus(local: Terminus, remote: Terminus, producer: bool) -> None:

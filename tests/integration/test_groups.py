@@ -372,6 +372,42 @@ def test_the_reader_signs_in_as_the_broker_user_given_and_its_refusal_reaches_co
         connection.close()
 
 
+def test_a_grouped_consumer_in_another_vhost_reads_nothing_of_the_readers_vhost(rabbitmq, qpid_flow_process) -> None:
+    """A user with rights in vhost "tenant" only, attaching to a grouped destination from
+    that vhost: the broker allowed its check in tenant, and qpid-flow's reader (in the
+    broker URL's vhost, "/") handed it the messages of "/"'s queue. Directly, that user
+    reads tenant's own (empty) queue. Now the consumer is refused (amqp:not-allowed), and
+    the message stays in "/"."""
+    from proton.utils import BlockingConnection, LinkDetached
+
+    vhost, user = unique("tenant"), unique("tenant-user")
+    rabbitmq.ctl("add_vhost", vhost)
+    rabbitmq.ctl("add_user", user, "tenant-secret")
+    rabbitmq.ctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")  # nothing in "/"
+    address = unique("grouped-secret")
+    router = qpid_flow_process(broker_url=rabbitmq.url, config_text=grouped_config(address))
+    direct = BlockingConnection(rabbitmq.url, timeout=15)
+    tenant = BlockingConnection(
+        f"amqp://{user}:tenant-secret@{router.url.removeprefix('amqp://')}",
+        timeout=15,
+        allowed_mechs="PLAIN",
+        virtual_host=f"vhost:{vhost}",
+    )
+    try:
+        direct.create_sender(address).send(Message(body="secret of /", group_id="A"))
+        with pytest.raises(LinkDetached) as refused:
+            tenant.create_receiver(address, credit=1).receive(timeout=15)
+        assert "amqp:not-allowed" in str(refused.value), refused.value
+    finally:
+        for connection in (tenant, direct):
+            with contextlib.suppress(Exception):
+                connection.close()
+        rabbitmq.ctl("delete_vhost", vhost)
+        rabbitmq.ctl("delete_user", user)
+    router.stop()
+    assert rabbitmq.queue_depth(address) == 1, "the message left the reader's vhost"
+
+
 def _connections_to(pid: int, port: int) -> list[int]:
     """Local ports of process ``pid``'s established TCP connections to ``port``."""
     listed = subprocess.run(

@@ -149,11 +149,12 @@ def unbounded_rig() -> Rig:
 # --- playing the client and the broker ----------------------------------------------------------
 
 
-def open_pair(rig: Rig, container: str = "client-1") -> Pair:
-    """A client connected through qpid-flow, the broker having answered its open."""
+def open_pair(rig: Rig, container: str = "client-1", hostname: str = "vhost:v1") -> Pair:
+    """A client connected through qpid-flow (in the broker URL's vhost unless
+    ``hostname`` says another), the broker having answered its open."""
     pair = rig.connect()
     pair.client.connection.container = container
-    pair.client.connection.hostname = "vhost:v1"
+    pair.client.connection.hostname = hostname
     pair.client.connection.open()
     rig.pump()
     pair.broker.connection.container = "broker-1"
@@ -885,6 +886,44 @@ def test_a_grouped_destination_s_consumer_is_answered_with_the_selector_and_mode
     receiver.advance()
     assert receiver.current is None  # the blue one was not for it
     assert len(destination.queue) == 2  # browsing takes nothing
+
+
+def test_a_grouped_destination_s_consumer_in_another_vhost_is_refused() -> None:
+    """qpid-flow's reader reads a grouped queue in the broker URL's vhost (v1). A consumer
+    connected in vhost "tenant" was checked by the broker against tenant's queue, then fed
+    v1's messages by the reader, whatever its rights in v1. It is now refused, and the
+    broker is not asked; a destination without shared_groups is mirrored as before."""
+    rig = grouped_rig()
+    pair = open_pair(rig, hostname="vhost:tenant")
+    session, _ = begin(rig, pair)
+    grouped_consumer = session.receiver("orders-elsewhere")
+    grouped_consumer.source.address = "orders"
+    grouped_consumer.open()
+    plain_consumer = session.receiver("plain-elsewhere")
+    plain_consumer.source.address = "plain"
+    plain_consumer.open()
+    rig.pump()
+    assert grouped_consumer.state & Endpoint.REMOTE_CLOSED
+    assert grouped_consumer.remote_condition.name == "amqp:not-allowed"
+    assert "'tenant'" in grouped_consumer.remote_condition.description
+    with pytest.raises(AssertionError):
+        broker_link(pair, "orders-elsewhere")
+    assert rig.group_reader.calls == []
+    assert broker_link(pair, "plain-elsewhere").remote_source.address == "plain"
+
+
+def test_a_grouped_destination_s_consumer_in_the_readers_vhost_is_served() -> None:
+    """The same consumer in the broker URL's vhost (written ``vhost:v1``) is mirrored as a
+    probe: the broker checks its right to read."""
+    rig = grouped_rig()
+    pair = open_pair(rig, hostname="vhost:v1")
+    session, _ = begin(rig, pair)
+    receiver = session.receiver("orders-here")
+    receiver.source.address = "orders"
+    receiver.open()
+    rig.pump()
+    assert not receiver.state & Endpoint.REMOTE_CLOSED
+    assert broker_link(pair, "orders-here").remote_source.address == "orders"
 
 
 def test_a_bad_selector_on_a_grouped_destination_is_refused_whatever_the_broker_says() -> None:
