@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
+    "Decimal",
     "MalformedMessage",
     "application_property",
     "expiry_time",
@@ -127,6 +128,17 @@ def skip(buf: bytes, pos: int) -> int:
     return end
 
 
+class Decimal(NamedTuple):
+    """An AMQP decimal32, decimal64 or decimal128, kept as its IEEE 754 bits: read as a
+    group key (its string form tells different values apart), never computed with."""
+
+    width: int
+    bits: int
+
+    def __str__(self) -> str:
+        return f"decimal{self.width}:{self.bits:#x}"
+
+
 def decode_scalar(buf: bytes, pos: int) -> Any:
     """Decode the simple value at ``pos``; compound values decode as None."""
     code = buf[pos]
@@ -183,7 +195,15 @@ def _decode_rare(buf: bytes, code: int, p: int) -> Any:
         return struct.unpack_from(">f", buf, p)[0]
     if code == 0x82:
         return struct.unpack_from(">d", buf, p)[0]
+    if code == 0x73:  # char: one UTF-32BE code point
+        point = _U32.unpack_from(buf, p)[0]
+        return chr(point) if point <= 0x10FFFF else None
+    if (width := _DECIMAL_WIDTHS.get(code)) is not None:
+        return Decimal(width, int.from_bytes(buf[p : p + width // 8], "big"))
     return None
+
+
+_DECIMAL_WIDTHS = {0x74: 32, 0x84: 64, 0x94: 128}
 
 
 def _section_code(buf: bytes, pos: int) -> tuple[int, int]:

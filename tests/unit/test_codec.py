@@ -5,9 +5,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from proton import Message, symbol, ulong
+from proton import Message, char, decimal32, decimal64, decimal128, symbol, ulong
 
 from qpid_flow import codec
+from qpid_flow.core.model import DEFAULT_GROUP, group_key
 
 
 def encode(**kwargs: object) -> bytes:
@@ -36,6 +37,24 @@ def test_group_id_from_properties_and_from_an_application_property() -> None:
     assert codec.group_id(data, "GROUP_KEY") == 5
     assert codec.application_property(data, "flag") is True
     assert codec.application_property(data, "absent") is None
+
+
+def test_char_and_decimal_group_keys_are_distinct_groups() -> None:
+    """A char or decimal application property (simple AMQP types a group header may name)
+    read as None, so each of them fell into the default group, merged with every other
+    and with every keyless message. Each value is now a group of its own."""
+    values = [char("x"), char("y"), decimal32(1), decimal32(2), decimal64(1), decimal128(b"\x01" * 16)]
+    keys = [group_key(codec.group_id(encode(address="q", properties={"GK": v}, body="x"), "GK")) for v in values]
+    assert DEFAULT_GROUP not in keys
+    assert len(set(keys)) == len(values), keys
+    assert keys[:2] == ["x", "y"]
+
+
+def test_a_char_outside_unicode_is_no_key() -> None:
+    data = bytearray(encode(address="q", properties={"GK": char("x")}, body="x"))
+    at = data.index(b"\x73\x00\x00\x00x")
+    data[at + 1 : at + 5] = (0x110000).to_bytes(4, "big")
+    assert codec.group_id(bytes(data), "GK") is None
 
 
 def test_sections_before_properties_are_skipped() -> None:
