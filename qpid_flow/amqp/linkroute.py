@@ -158,7 +158,7 @@ class _ConsumerRoute:
         self.pending: deque[tuple[bytes, LeanDelivery]] = deque()
         # Sent to the client, unsettled: client C delivery -> (client wrapper, upstream
         # delivery, size, the message as plugins saw it or None when none listens)
-        self.sent: dict[Any, tuple[LeanDelivery, LeanDelivery, int, Message | None]] = {}
+        self.sent: dict[Any, tuple[LeanDelivery, LeanDelivery, Message | None]] = {}
         self.draining = False
         self.delivered = 0  # messages sent to the client in all (qpid-flow stat links)
 
@@ -1167,9 +1167,9 @@ class BrokerRouter(Router):
             if upstream.settled:
                 delivery.settle()  # the broker sent it settled: at-most-once, end to end
                 upstream.settle()
-                self._counted_out(route, len(data), message, _ACCEPTED)
+                self._counted_out(route, message, _ACCEPTED)
             else:
-                route.sent[delivery._impl] = (delivery, upstream, len(data), message)
+                route.sent[delivery._impl] = (delivery, upstream, message)
 
     def _observe_delivery(self, route: _ConsumerRoute, data: bytes) -> Message | None:
         """Tell plugins (the event log) what a mirrored consumer got, as a queue would."""
@@ -1186,7 +1186,7 @@ class BrokerRouter(Router):
         entry = route.sent.get(event.impl)
         if entry is None:
             return
-        delivery, upstream, size, message = entry
+        delivery, upstream, message = entry
         settlement = relay_state(delivery, upstream)
         if delivery.settled:
             del route.sent[event.impl]
@@ -1197,9 +1197,9 @@ class BrokerRouter(Router):
                     # Relayed as it came; the broker applies its own default outcome, which
                     # keeps the message (RabbitMQ's: released).
                     settlement = _RELEASED
-                self._counted_out(route, size, message, settlement)
+                self._counted_out(route, message, settlement)
 
-    def _counted_out(self, route: _ConsumerRoute, size: int, message: Message | None, settlement: Settlement) -> None:
+    def _counted_out(self, route: _ConsumerRoute, message: Message | None, settlement: Settlement) -> None:
         """A mirrored consumer settled a message: it leaves the queue's depth (accepted,
         rejected) or goes back to the broker (released, modified)."""
         destination = route.destination
@@ -1207,7 +1207,7 @@ class BrokerRouter(Router):
             return
         destination.count_settled(settlement.outcome)
         if destination.depth and settlement.outcome.removes_message:
-            destination.count_out(_Sized(size))  # type: ignore[arg-type]
+            destination.count_out_relayed()
         if message is not None:
             self.hooks.message_settled(
                 destination=destination, message=message, consumer=route.consumer, settlement=settlement
@@ -1269,15 +1269,6 @@ class BrokerRouter(Router):
         for pair in list(self.pairs):
             _close(pair.upstream, None)
         super().close_connections(description)
-
-
-class _Sized:
-    """What ``Destination.count_out`` reads of a message counted out by size alone."""
-
-    __slots__ = ("size",)
-
-    def __init__(self, size: int) -> None:
-        self.size = size
 
 
 _KEPT = ("qf_peer", "qf_route", "qf_sender", "qf_producer", "qf_consumer", "qf_kind", "qf_coordinator", "qf_waiting")

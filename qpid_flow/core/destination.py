@@ -195,10 +195,21 @@ class Destination:
 
     def count_out(self, message: Message) -> None:
         """A message left for good (or never made it to the broker)."""
+        self._left(message.size)
+
+    def count_out_relayed(self) -> None:
+        """A message the broker delivered left for good. Its bytes as the broker sent
+        them are not the bytes counted in (RabbitMQ re-encodes a message, and a producer
+        may have sent it to the broker directly), and subtracting those let ``bytes`` drift
+        from the backlog, away from zero with the queue empty. The backlog's average
+        size leaves instead: the bytes reach zero with the depth."""
+        self._left(self.bytes // self.depth if self.depth else 0)
+
+    def _left(self, size: int) -> None:
         # Messages a producer put in the broker directly are consumed through qpid-flow
         # without having been counted in: never go below zero.
         self.depth = max(0, self.depth - 1)
-        self.bytes = max(0, self.bytes - message.size)
+        self.bytes = max(0, self.bytes - size)
         self.dequeued_total += 1
         self._hooks.depth_changed(destination=self)
 
@@ -412,7 +423,10 @@ class Destination:
             self._memory.sub(message.size)
         if message.on_dequeue is not None:
             message.on_dequeue(settlement)
-        self.count_out(message)
+        if message.upstream_epoch:  # fetched from the broker, in the broker's encoding
+            self.count_out_relayed()
+        else:
+            self.count_out(message)
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
 
     def drop_oldest(self) -> bool:

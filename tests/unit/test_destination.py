@@ -543,3 +543,23 @@ def test_a_browser_sees_a_message_that_went_back_before_it_had_seen_it(hooks: Ho
     dest.enqueue(msg(2))
     seen = [m.data for c, m in wire.sent if c == browser.id]
     assert seen == [b"m1", b"m2"]
+
+
+def test_a_message_fetched_from_the_broker_leaves_with_the_backlog_s_average_size(hooks: Hooks) -> None:
+    """What qpid-flow's reader fetched is in the broker's encoding, not the one counted in
+    at the producer: subtracting its own size let the bytes drift (above zero with the
+    queue empty). The backlog's average size leaves instead, and the rest with the last."""
+    dest, wire = make(hooks), Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    dest.depth, dest.bytes = 2, 1000  # two messages counted in as they passed on their way in
+    for n in range(2):
+        fetched = msg(n)  # 2 bytes, as the broker re-encoded them
+        fetched.upstream_epoch = 1
+        dest.enqueue(fetched, counted=False)
+    dest.credit_changed(consumer, 2)
+    left = []
+    for _, message in list(wire.sent):
+        dest.settle(consumer, message, Settlement.accepted())
+        left.append((dest.depth, dest.bytes))
+    assert left == [(1, 500), (0, 0)]
