@@ -15,8 +15,9 @@ COPY pyproject.toml README.md ./
 COPY qpid_flow ./qpid_flow
 COPY plugins ./plugins
 # Wheels for qpid-flow and every dependency, test and analytics extras included, so the later
-# stages install offline and without a compiler.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[test,analytics]'
+# stages install offline and without a compiler. The first-party plugins the test suite covers
+# too (PLUGINS in .ci/install-deps): each is a package of its own, built from plugins/.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[test,analytics]' ./plugins/qpid-flow-rabbitmq-depth
 
 FROM python:3.11-slim-bookworm AS runtime
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
@@ -37,8 +38,10 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends rabbitmq-server libqpid-proton11-dev \
       libqpid-proton11-dev-examples pkg-config gcc libc6-dev openjdk-17-jre-headless chromium openssl \
  && rm -rf /var/lib/apt/lists/*
+# qpid-flow with its test extra and, as .ci/install-deps installs them for the test suite, the
+# first-party plugins (the runtime image leaves them out, as `install-deps --runtime` does).
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels 'qpid-flow[test,analytics]'
+    pip install --no-cache-dir --no-index --find-links /wheels 'qpid-flow[test,analytics]' qpid-flow-rabbitmq-depth
 WORKDIR /src
 COPY pyproject.toml ./
 COPY tests ./tests

@@ -21,15 +21,17 @@ from urllib.parse import quote, unquote
 
 from qpid_flow.config import ConfigError
 
-__all__ = ["BrokerAddress", "parse_broker_list"]
+__all__ = ["BrokerAddress", "mask_passwords", "parse_broker_list"]
 
 _DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671}
 _EXAMPLE = "amqp://user:password@host:5672"
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _HOST_RE = re.compile(r"[A-Za-z0-9._-]+")  # a DNS name or an IPv4 address; IPv6 goes in brackets
-# The password of user:password@ in an entry, even a malformed one (no scheme, a raw "/" or "@"
-# in the password): it must not reach a terminal or a log, and masking too much is harmless.
-_PASSWORD_RE = re.compile(r"((?:^|[,/])[^/@:,\s]*:)(?!/)[^,\s]*@")
+# Where a text of one or more URLs is cut into one URL each for masking passwords: at a comma
+# that a scheme follows. Any other comma may be inside a password (a raw one, not %2C), and so
+# may any other character: a password runs from the userinfo's ':' to the URL's last '@'.
+_URL_START_RE = re.compile(r",(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)")
+_LEADING_SCHEME_RE = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
 
 # Everything but RFC 3986's unreserved characters: a user name or password may hold ":", "@",
 # "/" or "," and must still come back unchanged through Proton's parser and our comma split.
@@ -77,6 +79,7 @@ def parse_broker_list(value: object, key: str = "broker") -> list[BrokerAddress]
     broker (host, port and vhost) as an earlier entry."""
     shown = _masked(value)
     if isinstance(value, str):
+        _refuse_comma_in_password(value, key, shown)
         entries = value.split(",")
     elif isinstance(value, list | tuple):
         entries = list(value)
@@ -194,8 +197,48 @@ def _decode(text: str) -> str:
         raise _Refused("has percent-encoding that is not UTF-8") from None
 
 
+def mask_passwords(text: str) -> str:
+    """``text`` (one URL or several, comma-separated, well-formed or not) with each URL's
+    password replaced by ``***``: everything from the ':' after the user name to the URL's
+    last '@'. A raw comma, space, '/', '#' or '@' in a password is masked with the rest of
+    it (a refusal of such a URL is the very line that would show it); masking too much is
+    harmless. For configuration errors and logs."""
+    return ",".join(_mask_one(url) for url in _URL_START_RE.split(text))
+
+
+def _password_span(url: str) -> tuple[int, int] | None:
+    """Where the password of ``url`` (one URL, maybe malformed) starts and ends, or None."""
+    scheme = _LEADING_SCHEME_RE.match(url)
+    start = scheme.end() if scheme else 0  # no scheme ("user:pw@host"): the user starts the text
+    at = url.rfind("@")
+    colon = url.find(":", start, at) if at > start else -1
+    return None if colon < 0 else (colon + 1, at)
+
+
+def _mask_one(url: str) -> str:
+    span = _password_span(url)
+    return url if span is None else url[: span[0]] + "***" + url[span[1] :]
+
+
+def _refuse_comma_in_password(value: str, key: str, shown: object) -> None:
+    """Refuse a comma-separated string whose comma sits inside a password: split there, the
+    first half would be refused for a "port" that is the start of the password, or, when
+    that part is digits, read as a valid URL while the rest is refused in clear."""
+    number = 1  # of the entry, as the split on every comma counts them
+    for url in _URL_START_RE.split(value):
+        span = _password_span(url)
+        if span is not None and "," in url[span[0] : span[1]]:
+            raise ConfigError(
+                key,
+                shown,
+                f"entry {number} {_mask_one(url.strip())!r} has a comma in its password, and a comma separates"
+                " two URLs: write a comma in a password as %2C",
+            )
+        number += url.count(",") + 1
+
+
 def _mask(text: str) -> str:
-    return _PASSWORD_RE.sub(r"\1***@", text)
+    return mask_passwords(text)
 
 
 def _masked(value: object) -> object:

@@ -103,6 +103,16 @@ def parse_duration(value: Any, key: str = "duration") -> float:
     return seconds
 
 
+def _positive_duration(value: Any, key: str) -> float:
+    """A duration that means nothing at 0: ``sasl_timeout = 0`` dropped every client as it
+    connected, ``reconnect_max_delay = 0`` retried the broker in a loop with no pause.
+    (Durations where 0 has a meaning, "never" or "do not wait", take :func:`parse_duration`.)"""
+    seconds = parse_duration(value, key)
+    if not seconds:
+        raise ConfigError(key, value, "must be a duration above 0, such as '10s' or '500ms'")
+    return seconds
+
+
 # The largest count taken: what a signed 64-bit integer holds, as for sizes (MAX_SIZE).
 LARGEST = MAX_SIZE
 
@@ -352,7 +362,7 @@ def parse_destination(
     values: dict[str, Any] = {}
     settings: dict[str, Any] = {}
     given_as: dict[str, str] = {}  # setting -> the key that gave it (a name or an alias)
-    for key, raw in table.items():
+    for key, raw in _qpid_aliases_flattened(table, where).items():
         if key in _DESTINATION_KEYS:
             name, parse = _DESTINATION_KEYS[key]
             _once(given_as, name, key, where, raw)
@@ -365,6 +375,30 @@ def parse_destination(
             known = [*_DESTINATION_KEYS, *declared]
             raise ConfigError(f"{where}.{key}", raw, "unknown key; known: " + ", ".join(known))
     return DestinationPolicy(pattern=pattern, **values, settings=settings)
+
+
+def _qpid_aliases_flattened(table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``table`` with a ``qpid`` sub-table read as the ``qpid.``-prefixed keys it holds.
+
+    In TOML, ``qpid.max_count = 1000`` unquoted is a dotted key: a ``qpid`` table holding
+    ``max_count``, not the key ``"qpid.max_count"``. Both spellings of qpidd's aliases are
+    accepted, as the docs write them unquoted; a key inside ``qpid`` that is no alias is
+    then refused as ``qpid.KEY``, by the caller like any unknown key."""
+    nested = table.get("qpid")
+    if not isinstance(nested, dict):
+        return dict(table)  # no qpid table (a value under "qpid" is refused as an unknown key)
+    flat: dict[str, Any] = {}
+    for key, raw in table.items():
+        if key != "qpid":
+            flat[key] = raw
+            continue
+        for inner, value in raw.items():
+            dotted = f"qpid.{inner}"
+            if dotted in table:
+                # "qpid.max_count" = 1 and qpid.max_count = 2 are two TOML keys, one setting.
+                raise ConfigError(f"{where}.{dotted}", value, f'given twice ("{dotted}" and in the qpid table)')
+            flat[dotted] = value
+    return flat
 
 
 def _once(given_as: dict[str, str], setting: str, key: str, where: str, raw: Any) -> None:
@@ -564,7 +598,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "default_max_size": parse_size,
     "max_message_size": parse_size,
     "auto_create": parse_boolean,
-    "reconnect_max_delay": parse_duration,
+    "reconnect_max_delay": _positive_duration,
     "shutdown_timeout": parse_duration,
     "default_message_group": parse_string,
     "events": parse_string,
@@ -597,7 +631,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "max_links_per_connection": parse_non_negative_int,
     "idle_timeout": parse_duration,
     "destination_idle_timeout": parse_duration,
-    "sasl_timeout": parse_duration,
+    "sasl_timeout": _positive_duration,
     "admin_token": _secret,
     "metrics_max_destinations": _positive_int,
 }
@@ -638,16 +672,20 @@ def build_config(
             tables = raw
         elif key == "plugins":
             if not isinstance(raw, dict) or not all(isinstance(t, dict) for t in raw.values()):
-                raise ConfigError(key, raw, "must be tables: [plugins.NAME]")
+                raise ConfigError(key, _Elided(raw), "must be tables: [plugins.NAME]")
             plugin_tables = {name: dict(table) for name, table in raw.items()}
         elif key in _ROUTER_KEYS:
             values[key] = _ROUTER_KEYS[key](raw, key)
         else:
             raise ConfigError(key, raw, "unknown key; known: " + ", ".join([*_ROUTER_KEYS, "destinations", "plugins"]))
-    from qpid_flow.plugin.manager import build_plugin_manager, refusable  # the manager reads this module
+    from qpid_flow.plugin import manager  # not at the top: the manager reads this module
 
     if plugins is None:
-        plugins = build_plugin_manager(values.get("disable_plugins", ()))
+        plugins = manager.build_plugin_manager(values.get("disable_plugins", ()))
+        # The plugins qpid-flow loads (the server builds the same set from this configuration).
+        # A manager given by the caller (qpid_flow.testing.make_hooks) names its plugins as it
+        # likes ("myplugin-0"), not as the tables a plugin reads: not checked against them.
+        _check_plugin_tables(plugin_tables, manager.loaded_plugins(plugins), manager.disabled_plugins(plugins))
     declared = declared_settings(s for group in plugins.hook.qpid_flow_destination_settings() for s in group)
     destinations = {pattern: parse_destination(pattern, table, declared) for pattern, table in tables.items()}
     config = RouterConfig(destinations=destinations, plugins=plugin_tables, destination_settings=declared, **values)
@@ -657,11 +695,37 @@ def build_config(
             config.default_flow_resume_threshold,
             f"must not be above default_flow_stop_threshold ({config.default_flow_stop_threshold})",
         )
-    check = refusable(plugins.hook.qpid_flow_destination_policy_check)  # a plugin's bug is only logged
+    check = manager.refusable(plugins.hook.qpid_flow_destination_policy_check)  # a plugin's bug is only logged
     for pattern in destinations:
         check(config=config, policy=config.policy_for(pattern), where=f'destinations."{pattern}"')
     _check_security(config)
     return config
+
+
+class _Elided:
+    """A plugin's table as a refusal shows it: its keys, not its values. What they hold is
+    the plugin's business and may be a password (a URL with credentials, a token)."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __repr__(self) -> str:
+        if not isinstance(self.table, dict):
+            return type(self.table).__name__
+        return "{" + ", ".join(f"{key} = ..." for key in self.table) + "}"
+
+
+def _check_plugin_tables(tables: Mapping[str, Any], loaded: list[str], disabled: list[str]) -> None:
+    """Refuse a ``[plugins.NAME]`` table that no loaded plugin has (checked once the plugins
+    are loaded, before any is configured: a plugin may leave as it is configured). Its
+    settings would never be read: ``[plugins.rabbitmq-depth]`` (the package's name, not the
+    plugin's ``rabbitmq_depth``) started silently with none of them applied. A disabled
+    plugin's table is let be: switching a plugin off (``--disable-plugin``) must not mean
+    editing the file that configures it for when it is on."""
+    for name, table in tables.items():
+        if name not in loaded and name not in disabled:
+            known = ", ".join(loaded) or "none"
+            raise ConfigError(f"plugins.{name}", _Elided(table), f"names no loaded plugin; loaded: {known}")
 
 
 def _check_security(config: RouterConfig) -> None:

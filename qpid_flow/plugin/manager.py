@@ -110,9 +110,19 @@ def load_plugin(spec: str, pm: pluggy.PluginManager) -> object:
     implements a hook (the layout docs/plugins.md shows, hooks as methods of ``plugin =
     Plugin()``), else the module itself (hooks as module functions)."""
     module_name, _, attribute = spec.partition(":")
-    module = importlib.import_module(module_name)
+    # A name that imports nothing (a typo, a module off the path) or a module that fails as
+    # it is imported is a configuration error: one line naming the variable, exit 2, not a
+    # traceback. The error's own text says which (No module named 'x', a SyntaxError, ...).
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())  # one line, whatever the module raised
+        raise ConfigError(PLUGINS_ENVIRONMENT, spec, f"cannot be imported: {type(exc).__name__}: {reason}") from exc
     if attribute:
-        return functools.reduce(getattr, attribute.split("."), module)
+        try:
+            return functools.reduce(getattr, attribute.split("."), module)
+        except AttributeError as exc:
+            raise ConfigError(PLUGINS_ENVIRONMENT, spec, f"module {module_name} has no {attribute}") from exc
     return module_plugin(module, pm)
 
 

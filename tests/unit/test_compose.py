@@ -110,3 +110,33 @@ def test_build_targets_exist_in_dockerfile(services: dict[str, dict[str, Any]]) 
         target = build.get("target") if isinstance(build, dict) else None
         assert target is None or target in stages, f"unknown Dockerfile target {target}"
     assert "python:3.11-slim" in DOCKERFILE.read_text()
+
+
+@pytest.mark.parametrize("name", ["qpid-flow", "qpid-flow-artemis"])
+def test_the_admin_port_is_served_with_a_token_and_published_on_loopback_only(
+    services: dict[str, dict[str, Any]], name: str
+) -> None:
+    """qpid-flow-artemis published 8675 on every interface with no --admin behind it."""
+    service = services[name]
+    assert arg_after(command_args(service), "--admin") == "0.0.0.0:8673"
+    assert service["environment"]["QPID_FLOW_ADMIN_TOKEN"]  # needed beyond the container's loopback
+    admin = [str(p) for p in service["ports"] if str(p).endswith(":8673")]
+    assert len(admin) == 1 and admin[0].startswith("127.0.0.1:"), admin
+
+
+def test_the_test_image_installs_the_plugins_install_deps_installs() -> None:
+    """The tests service ran without the rabbitmq-depth plugin: plugins/ was copied into the
+    build, never built nor installed."""
+    install_deps = (ROOT / ".ci" / "install-deps").read_text()
+    plugins = re.search(r"^PLUGINS=\(([^)]*)\)", install_deps, re.M)
+    assert plugins is not None
+    paths = plugins.group(1).split()
+    assert paths
+    text = DOCKERFILE.read_text()
+    build = text.split("FROM ")[1]
+    test_stage = text.split(" AS test")[1]
+    for path in paths:
+        project = re.search(r'^name = "([^"]+)"', (ROOT / path / "pyproject.toml").read_text(), re.M)
+        assert project is not None
+        assert re.search(rf"pip wheel .*\./{re.escape(path)}\b", build), f"{path} is not built"
+        assert re.search(rf"pip install .*\b{re.escape(project.group(1))}\b", test_stage), f"{path} is not installed"

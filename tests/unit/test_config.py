@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from qpid_flow.config import ConfigError, build_config, load_config, parse_duration, parse_size, pattern_matches
+from qpid_flow import hookimpl
+from qpid_flow.config import (
+    ConfigError,
+    RouterConfig,
+    build_config,
+    load_config,
+    parse_duration,
+    parse_size,
+    pattern_matches,
+)
 
 
 def test_defaults_are_standalone_on_the_local_port() -> None:
@@ -228,3 +237,106 @@ def test_a_setting_given_twice_under_two_names_is_refused(table: dict[str, int],
         build_config({"destinations": {"q": table}})
     assert str(refused.value).startswith(f'destinations."q".{key} = ')
     assert "give one of them" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "qpid.max_count = 10\nqpid.max_size = '1 KB'\nqpid.flow_stop_count = 9\nqpid.shared_msg_group = 1",
+        '"qpid.max_count" = 10\n"qpid.max_size" = "1 KB"\n"qpid.flow_stop_count" = 9\n"qpid.shared_msg_group" = 1',
+        "\"qpid.max_size\" = '1 KB'\n[destinations.q.qpid]\nmax_count = 10\nflow_stop_count = 9\nshared_msg_group = 1",
+    ],
+)
+def test_qpid_aliases_work_as_the_docs_write_them_unquoted(tmp_path: Path, body: str) -> None:
+    """docs/configuration.md lists ``qpid.max_count`` etc.: unquoted in TOML that is a
+    ``qpid`` table holding ``max_count``, which was refused as an unknown key ``qpid``."""
+    path = tmp_path / "qpid-flow.toml"
+    path.write_text(f"[destinations.q]\n{body}\n")
+    policy = load_config(path).policy_for("q")
+    assert (policy.max_count, policy.max_size) == (10, 1024)
+    assert (policy.setting("flow_stop_count"), policy.setting("shared_groups")) == (9, True)
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "rule"),
+    [
+        ({"qpid": {"max_cuont": 1}}, "qpid.max_cuont", "unknown key; known: max_count"),
+        ({"qpid": {"max_count": -1}}, "qpid.max_count", "non-negative"),
+        ({"qpid": 3}, "qpid", "unknown key"),
+        ({"max_count": 1, "qpid": {"max_count": 2}}, "qpid.max_count", "give one of them"),
+        ({"qpid.max_count": 1, "qpid": {"max_count": 2}}, "qpid.max_count", "given twice"),
+    ],
+)
+def test_a_bad_key_in_the_qpid_table_is_refused_by_its_dotted_name(table: dict, key: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        build_config({"destinations": {"q": table}})
+    assert refused.value.key == f'destinations."q".{key}'
+    assert rule in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("key", ["sasl_timeout", "reconnect_max_delay"])
+@pytest.mark.parametrize("value", [0, "0", "0s", "0ms", 0.0])
+def test_a_duration_that_means_nothing_at_0_is_refused(key: str, value: object) -> None:
+    """sasl_timeout = 0 dropped every client as it connected; reconnect_max_delay = 0
+    retried the broker with no pause at all."""
+    with pytest.raises(ConfigError) as refused:
+        build_config({key: value})
+    assert str(refused.value) == f"{key} = {value!r}: must be a duration above 0, such as '10s' or '500ms'"
+
+
+@pytest.mark.parametrize("key", ["shutdown_timeout", "idle_timeout", "destination_idle_timeout"])
+def test_durations_where_0_means_something_still_take_0(key: str) -> None:
+    # Do not wait; no idle time-out (nor keep-alives); keep destinations forever.
+    assert getattr(build_config({key: 0}), key) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("data", "rule"),
+    [
+        # The package's name instead of the plugin's: the table was never read.
+        ({"plugins": {"rabbitmq-depth": {"interval": "often"}}}, "names no loaded plugin; loaded: events, flow"),
+    ],
+)
+def test_a_plugin_table_naming_no_loaded_plugin_is_refused(data: dict, rule: str) -> None:
+    name = next(iter(data["plugins"]))
+    with pytest.raises(ConfigError) as refused:
+        build_config(data)
+    assert refused.value.key == f"plugins.{name}"
+    assert str(refused.value).startswith(f"plugins.{name} = {{{next(iter(data['plugins'][name]))} = ...}}: {rule}")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_refused_plugin_table_never_shows_its_values() -> None:
+    """A plugin's table may hold a password (the depth plugin's amqp091_url)."""
+    table = {"amqp091_url": "amqp://depth:S3cretPw@h:5672", "token": "T0ken"}
+    for plugins in ({"rabbit-depth": table}, {"rabbit-depth": table, "other": "T0ken"}):
+        with pytest.raises(ConfigError) as refused:
+            build_config({"plugins": plugins})
+        assert "S3cret" not in str(refused.value) and "T0ken" not in str(refused.value)
+
+
+def test_a_disabled_plugin_s_table_is_let_be() -> None:
+    """Switching a plugin off must not mean editing the file that configures it."""
+    config = build_config({"disable_plugins": ["groups"], "plugins": {"groups": {"x": 1}}})
+    assert config.plugin_settings("groups") == {"x": 1}
+
+
+def test_a_table_of_a_loaded_plugin_is_handed_to_it() -> None:
+    assert build_config({"plugins": {"flow": {}}}).plugin_settings("flow") == {}
+
+
+def test_a_manager_given_by_a_test_helper_is_not_checked_against_the_tables() -> None:
+    """qpid_flow.testing.make_hooks registers a plugin as "myplugin-0": the plugin's own
+    table must still reach it there."""
+    from qpid_flow.testing import make_hooks
+
+    class MyPlugin:
+        seen: dict | None = None
+
+        @hookimpl
+        def qpid_flow_configure(self, config: RouterConfig) -> None:
+            MyPlugin.seen = config.plugin_settings("my_plugin")
+
+    make_hooks(MyPlugin(), config={"plugins": {"my_plugin": {"limit": 3}}})
+    assert MyPlugin.seen == {"limit": 3}

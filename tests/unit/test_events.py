@@ -84,6 +84,41 @@ def test_jsonl_rotates_by_size_and_keeps_the_configured_backups(tmp_path: Path) 
     assert numbers == list(range(numbers[0], 101))
 
 
+def test_jsonl_with_backups_0_keeps_every_rotated_file(tmp_path: Path) -> None:
+    """docs/configuration.md: ``events_backups = 0`` keeps all (as the parquet log does);
+    the JSON-lines log was deleted at every rotation instead, each file's records lost."""
+    from qpid_flow.analytics.inputs import expand_inputs
+
+    path = tmp_path / "events.jsonl"
+    sink = JsonLinesSink(path, "r", max_bytes=1000, backups=0)
+    for n in range(1, 201):
+        sink.write(Batch.of([_enqueue(n)]))
+    sink.close()
+    rotated = sorted((f for f in tmp_path.iterdir() if f != path), key=lambda f: int(f.suffix[1:]))
+    count = len(rotated)
+    assert count >= 12  # past PATH.9: the numbers are compared as numbers, not text
+    assert [f.name for f in rotated] == [f"events.jsonl.{i}" for i in range(1, count + 1)]
+    # Logrotate's numbering: the higher the number, the older the file.
+    firsts = [json.loads(f.read_text().splitlines()[0])["n"] for f in [path, *rotated]]
+    assert firsts == sorted(firsts, reverse=True)
+    # Every record is kept, and a report given the folder reads every file.
+    files = [Path(f) for f in expand_inputs([str(tmp_path)])]
+    assert sorted(files) == sorted([path, *rotated])
+    assert sorted(record["n"] for record in read_rows(files)) == list(range(1, 201))
+
+
+def test_jsonl_with_backups_0_leaves_a_file_past_a_gap_alone(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    (tmp_path / "events.jsonl.1").write_text('{"n": -1}\n')
+    (tmp_path / "events.jsonl.3").write_text('{"n": -3}\n')  # .2 deleted by hand
+    sink = JsonLinesSink(path, "r", max_bytes=100, backups=0)
+    sink.write(Batch.of([_enqueue(1)]))
+    sink.close()
+    assert (tmp_path / "events.jsonl.2").read_text() == '{"n": -1}\n'
+    assert (tmp_path / "events.jsonl.3").read_text() == '{"n": -3}\n'
+    assert json.loads((tmp_path / "events.jsonl.1").read_text())["n"] == 1
+
+
 def test_jsonl_appends_to_an_existing_file(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text('{"n": -1}\n')

@@ -198,3 +198,29 @@ def test_one_plugin_alone_still_adds_its_statistics() -> None:
     hooks = Hooks(build_plugin_manager(disabled=["groups", "events"]))
     dest = Destination("q", DestinationPolicy.of(), hooks)
     assert "flowStoppedCount" in dest.stats()
+
+
+@pytest.mark.parametrize(
+    ("spec", "rule"),
+    [
+        ("qf_no_such_module", "cannot be imported: ModuleNotFoundError: No module named 'qf_no_such_module'"),
+        ("qf_env_broken", "cannot be imported: ZeroDivisionError: division by zero"),
+        ("qf_env_plugin:no_such_object", "module qf_env_plugin has no no_such_object"),
+    ],
+)
+def test_a_plugin_in_the_environment_that_cannot_be_loaded_is_one_configuration_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str, rule: str
+) -> None:
+    """QPID_FLOW_PLUGINS=my_polcy (a typo) ended in a 31-line traceback, exit 1."""
+    from qpid_flow import cli
+    from qpid_flow.config import ConfigError
+
+    (tmp_path / "qf_env_broken.py").write_text("1 / 0\n")
+    (tmp_path / "qf_env_plugin.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("QPID_FLOW_PLUGINS", spec)
+    with pytest.raises(ConfigError) as refused:
+        build_plugin_manager()
+    assert str(refused.value) == f"QPID_FLOW_PLUGINS = {spec!r}: {rule}"
+    assert cli.main(["serve", "--listen", "127.0.0.1:0"]) == 2
+    assert capsys.readouterr().err == f"qpid-flow: configuration error: QPID_FLOW_PLUGINS = {spec!r}: {rule}\n"

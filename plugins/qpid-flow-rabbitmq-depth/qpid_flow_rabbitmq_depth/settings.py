@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pika
+from qpid_flow.brokers import mask_passwords
 from qpid_flow.config import ConfigError, parse_duration
 
 __all__ = ["PLUGIN_NAME", "Settings", "check_settings", "default_amqp091_url", "parse_settings"]
@@ -65,12 +66,13 @@ def default_amqp091_url(broker: str) -> str:
     and query of the AMQP 1.0 URL mean nothing to pika and are dropped.
     """
     parts = urllib.parse.urlsplit(broker)
+    shown = mask_passwords(broker)  # a refusal is printed: never with the password
     try:
         port = parts.port
     except ValueError as exc:
-        raise ConfigError(_key("amqp091_url"), broker, "cannot derive it from broker; set it") from exc
+        raise ConfigError(_key("amqp091_url"), shown, "cannot derive it from broker; set it") from exc
     if parts.hostname is None:
-        raise ConfigError(_key("amqp091_url"), broker, "cannot derive it from broker (no host); set it")
+        raise ConfigError(_key("amqp091_url"), shown, "cannot derive it from broker (no host); set it")
     netloc = parts.netloc
     if port is None:
         netloc += ":5671" if parts.scheme == "amqps" else ":5672"
@@ -114,12 +116,15 @@ def _validated(table: Mapping[str, Any]) -> tuple[float, str | None, str]:
 
 def _check_url(url: Any) -> None:
     key = _key("amqp091_url")
+    # A refusal is printed at start: the URL is shown with its password masked, as the
+    # router's broker URLs are (qpid_flow.brokers), whatever characters the password holds.
+    shown = mask_passwords(url) if isinstance(url, str) else url
     if not isinstance(url, str) or not _URL_RE.match(url):
-        raise ConfigError(key, url, "must be a URL such as amqp://user:password@host:5672")
+        raise ConfigError(key, shown, "must be a URL such as amqp://user:password@host:5672")
     if urllib.parse.urlsplit(url).path not in ("", "/"):
         # pika would read the path as the vhost; one place to say it is less surprising.
-        raise ConfigError(key, url, f"must not name a vhost; set {_key('vhost')} instead")
+        raise ConfigError(key, shown, f"must not name a vhost; set {_key('vhost')} instead")
     try:
         pika.URLParameters(url)  # port, query options (heartbeat=..., ...)
     except ValueError as exc:
-        raise ConfigError(key, url, f"pika refuses it: {exc}") from exc
+        raise ConfigError(key, shown, f"pika refuses it: {mask_passwords(str(exc))}") from exc

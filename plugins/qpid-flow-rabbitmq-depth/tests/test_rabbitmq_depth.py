@@ -268,6 +268,31 @@ def test_bad_settings_name_the_key(table: dict[str, Any], key: str) -> None:
     assert str(raised.value).startswith(key)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://depth:D3pthSecretPw@127.0.0.1:5672/prod",  # refused for its vhost
+        "amqp://depth:D3pthSecretPw@127.0.0.1:5672?heartbeat=abc",  # no '/' before the query
+        "amqp://depth:D3pth Secret,Pw@127.0.0.1:5672",  # a raw space and comma in the password
+        "amqp://depth:D3pthSecretPw@127.0.0.1:5672/?heartbeat=abc",  # pika's refusal
+    ],
+)
+def test_a_refused_url_never_shows_its_password(url: str) -> None:
+    """docs/security.md: passwords are masked in every configuration error. The URL was
+    printed as given, password and all."""
+    with pytest.raises(ConfigError) as raised:
+        parse_settings({"amqp091_url": url}, BROKER)
+    assert "Secret" not in str(raised.value)
+    assert "amqp://depth:***@127.0.0.1:5672" in str(raised.value)
+
+
+def test_a_broker_url_it_cannot_derive_from_is_shown_masked() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_settings({}, "amqp://svc:S3cretPw@broker.example:port")
+    assert "S3cret" not in str(raised.value)
+    assert "amqp://svc:***@broker.example:port" in str(raised.value)
+
+
 def test_configure_refuses_bad_settings_through_the_hook() -> None:
     with pytest.raises(ConfigError, match=r"plugins\.rabbitmq_depth\.interval"):
         make_plugin(FakeBroker()).qpid_flow_configure(config=config(interval="often"))

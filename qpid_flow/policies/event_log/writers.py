@@ -225,7 +225,8 @@ def _line_templates(run: str) -> dict[str, str]:
 
 
 class JsonLinesSink:
-    """JSON lines, rotated by size: ``PATH``, then ``PATH.1`` ... ``PATH.backups``.
+    """JSON lines, rotated by size: ``PATH``, then ``PATH.1`` ... ``PATH.backups`` (every
+    rotated file when ``backups`` is 0).
 
     A write that fails (a full disk) closes the file, and the next batch opens it again: the
     log carries on by itself once there is room, with the failed batch counted as lost by
@@ -321,14 +322,27 @@ class JsonLinesSink:
                 self._open()
 
     def _shift_backups(self) -> None:
-        for index in range(self.backups - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{index}")
+        """``PATH.i`` becomes ``PATH.i+1`` (the oldest beyond ``backups`` is replaced), then
+        ``PATH`` becomes ``PATH.1``. ``backups`` 0 keeps every file, as the parquet log keeps
+        every segment and docs/configuration.md says (it deleted the log at each rotation):
+        all of ``PATH.1`` ... ``PATH.N`` move up one, ``N`` growing without bound."""
+        keep = self.backups or self._last_backup() + 1
+        for index in range(keep - 1, 0, -1):
+            older = self._backup(index)
             if older.exists():
-                older.rename(self.path.with_name(f"{self.path.name}.{index + 1}"))
-        if self.backups:
-            self.path.rename(self.path.with_name(f"{self.path.name}.1"))
-        else:
-            self.path.unlink(missing_ok=True)
+                older.rename(self._backup(index + 1))
+        self.path.rename(self._backup(1))
+
+    def _backup(self, index: int) -> Path:
+        return self.path.with_name(f"{self.path.name}.{index}")
+
+    def _last_backup(self) -> int:
+        """The ``N`` of the run ``PATH.1`` ... ``PATH.N`` there is (0: none). A file past a gap
+        (one deleted by hand) is left where it is: shifting up to the gap overwrites nothing."""
+        last = 0
+        while self._backup(last + 1).exists():
+            last += 1
+        return last
 
     def close(self) -> None:
         self._file.close()
