@@ -77,6 +77,9 @@ _BACKLOG = 1024  # Proton's listener uses 10: a burst of connecting clients woul
 # accept() failures that say the process is out of something, not that the client left.
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _ACCEPT_PAUSE = 0.25  # seconds without accepting after one of those
+# What a client may send before it has been offered mechanisms: its header, and a
+# pipelined sasl-init (a client that pipelines guesses one) at most.
+_EARLY_LIMIT = 65536
 
 
 class SignIn(Protocol):
@@ -148,6 +151,9 @@ class Gate:
         # "ANONYMOUS AMQPLAIN PLAIN", signs in ANONYMOUS even with a user in its URL).
         # Learnt now, and again from every broker handshake.
         self.broker_mechanisms: tuple[str, ...] = BROKER_MECHANISMS
+        # Whether a broker has said what it offers: until one has, each client's
+        # handshake asks the broker first (a broker down at start left the guess above).
+        self.broker_mechanisms_known = False
         if self._brokers:
             offered = read_broker_mechanisms(self._brokers, self._broker_tls)
             if offered:
@@ -155,6 +161,7 @@ class Gate:
 
     def broker_offered(self, offered: Sequence[str]) -> None:
         """A broker's sasl-mechanisms: offer clients what of it can be replayed, in its order."""
+        self.broker_mechanisms_known = True
         replayable = tuple(name for name in offered if name in REPLAYABLE_MECHANISMS)
         if replayable and replayable != self.broker_mechanisms:
             log.info("broker_mechanisms", offered=list(offered), relayed=list(replayable))
@@ -260,6 +267,10 @@ class _Handshake:
         self.user = ANONYMOUS_USER
         self.upstream: Stream | None = None
         self.upstream_sasl: ClientHandshake | None = None
+        # Set while the broker's mechanisms are being learnt before the client is offered
+        # any (see _start_sasl); what the client sends meanwhile waits in _early.
+        self._learning: MechanismsReader | None = None
+        self._early = b""
         self._connected = False
         self._answered = False  # the current broker has sent something
         self._broker_index = -1
@@ -340,14 +351,27 @@ class _Handshake:
         if tls is not None:
             self.certificate_name = tls.peer_name()
         if self.gate._sign_in is None:
+            if not self.gate.broker_mechanisms_known:
+                # Offering a guess, a client would choose as it never would at the broker
+                # (Proton's client, offered PLAIN first, signs in as the user in its URL
+                # where RabbitMQ's list has it sign in ANONYMOUS): ask the broker first.
+                self._learning = MechanismsReader()
+                self._connect_next()
+                return
             mechanisms: tuple[str, ...] = self.gate.broker_mechanisms
         else:
             mechanisms = self.gate._sign_in.mechanisms(self.certificate_name)
+        self._offer(mechanisms)
+
+    def _offer(self, mechanisms: tuple[str, ...]) -> None:
         if not mechanisms:
             log.info("handshake_refused", remote=self._remote, reason="no mechanism this client could use")
             self._close_all()
             return
         self.server = ServerHandshake(mechanisms)
+        early, self._early = self._early, b""
+        if early:
+            self._client_sent(early)
 
     def _client_readable(self) -> None:
         data = self.client.receive()
@@ -363,6 +387,15 @@ class _Handshake:
         if not data:
             self._close_all()  # the client gave up
             return
+        if self.server is None and self._learning is not None:
+            self._early += data  # answered once the broker's mechanisms are known
+            if len(self._early) > _EARLY_LIMIT:
+                log.info("handshake_refused", remote=self._remote, reason="too much sent before the mechanisms")
+                self._close_all()
+            return
+        self._client_sent(data)
+
+    def _client_sent(self, data: bytes) -> None:
         server = self.server
         if server is None:
             return
@@ -498,13 +531,19 @@ class _Handshake:
         return self.gate._brokers[self._broker_index]
 
     def _upstream_connected(self) -> None:
-        assert self.upstream is not None and self.server is not None
+        assert self.upstream is not None
         failure = self.upstream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if failure:
             log.warning("broker_unreachable", broker=self._broker.redacted, error=errno.errorcode.get(failure, failure))
             self._connect_next()
             return
         self._connected = True
+        if self._learning is not None:
+            self.upstream.watch(reading=True)
+            self.upstream.send(self._learning.data_to_send())  # the SASL header alone
+            self.upstream.flush()
+            return
+        assert self.server is not None
         self.upstream_sasl = ClientHandshake(None if self.server.no_sasl else self.server.init)
         if self.upstream_sasl.done and self.upstream.tls is None:
             self._finish()
@@ -514,6 +553,9 @@ class _Handshake:
         self.upstream.flush()
 
     def _upstream_readable(self) -> None:
+        if self._learning is not None:
+            self._learn_mechanisms()
+            return
         upstream, sasl = self.upstream, self.upstream_sasl
         assert upstream is not None and sasl is not None
         data = upstream.receive()
@@ -543,6 +585,37 @@ class _Handshake:
             self._close_after_flush()
         elif sasl.done:
             self._finish()
+
+    def _learn_mechanisms(self) -> None:
+        """Read the broker's header and sasl-mechanisms, then offer the client those
+        (Gate.broker_offered: the ones qpid-flow can replay, in the broker's order). This
+        connection ends there: the client's own sign-in starts a new one, from the first
+        broker of the list, as every handshake does."""
+        upstream, reader = self.upstream, self._learning
+        assert upstream is not None and reader is not None
+        data = upstream.receive()
+        if upstream.tls is not None and upstream.tls_error is not None:
+            log.warning("broker_tls_failed", broker=self._broker.redacted, reason=upstream.tls_error)
+            self._connect_next()
+            return
+        if data is None:
+            return
+        if not data:
+            log.warning("broker_closed_handshake", broker=self._broker.redacted)
+            self._connect_next()
+            return
+        self._answered = True
+        reader.receive(data)
+        if reader.offered is None and reader.error is None:
+            return
+        if reader.offered is not None:
+            self.gate.broker_offered(reader.offered)
+        else:  # not a SASL answer: the client is offered the usual guess, and its sign-in tells
+            log.warning("broker_handshake_failed", remote=self._remote, reason=reader.error)
+        self._learning = None
+        self._drop_upstream()
+        self._broker_index = -1
+        self._offer(self.gate.broker_mechanisms)
 
     def _finish(self) -> None:
         """The broker answered: pass its outcome on; on success, hand both sockets over."""
