@@ -15,17 +15,27 @@ __all__ = ["MemoryMeter"]
 
 
 class MemoryMeter:
-    __slots__ = ("_below_listeners", "held", "limit")
+    __slots__ = ("_below_listeners", "_level_listeners", "held", "limit")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit  # 0: no limit
         self.held = 0
         self._below_listeners: list[Callable[[], None]] = []
+        self._level_listeners: dict[Callable[[], None], int] = {}
 
     def when_below(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` each time the held bytes fall back below the limit (any number
         of plugins may listen)."""
         self._below_listeners.append(callback)
+
+    def when_below_level(self, level: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, the next time the held bytes fall below ``level``; asking
+        again with the same callback moves its level.
+
+        For a policy that knows part of the held bytes waits on its own word (transfers it
+        holds unforwarded are held bytes too, and the limit alone would never be left
+        while they are more than it)."""
+        self._level_listeners[callback] = level
 
     @property
     def over(self) -> bool:
@@ -39,4 +49,9 @@ class MemoryMeter:
         self.held -= size
         if was_over and not self.over:
             for callback in self._below_listeners:
+                callback()
+        if self._level_listeners:
+            due = [callback for callback, level in self._level_listeners.items() if self.held < level]
+            for callback in due:
+                del self._level_listeners[callback]
                 callback()

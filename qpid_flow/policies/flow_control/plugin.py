@@ -15,8 +15,10 @@ when it is ON depends on the destination's ``limit_policy``:
 - ``reject``: a transfer arriving while ON is rejected at once (``sendFailIfNoSpace``).
 - ``ring``: never flow-controlled (the destination drops its oldest message instead).
 
-Router-wide, while the bytes qpid-flow holds exceed ``memory_limit`` no producer gets
-credit. Operators can stop and start all producers of a destination pattern.
+Router-wide, ``memory_limit``: credit is sized by the room left under it (by the largest
+message seen), none once it is reached, and what named-target links send on credit given
+before waits, unforwarded and unsettled, until memory frees. Operators can stop and start
+all producers of a destination pattern.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ log = structlog.get_logger(__name__)
 STATE_KEY = "flow"
 _OPERATOR_HOLD = Hold("producers stopped by an operator")
 _PAST_THE_STOP = Hold("past the stop threshold: waits for flow to resume")
+_MEMORY_FULL = Hold("the router's memory_limit is reached: waits for memory to free")
 # Reactor timers may fire a little before the deadline by our clock: close enough is due.
 _TIMER_SLACK = 0.005
 
@@ -96,6 +99,14 @@ class Plugin:
         self._window = 100
         self._stopped_patterns: set[str] = set()  # "producers stop PATTERN"
         self._wake_all_pending = False
+        # With a memory_limit: the transfers the router holds unforwarded (by sequence:
+        # producer id, bytes). They are in the memory meter's bytes, but wait on our word:
+        # what counts against the limit is the rest, or held transfers above the limit
+        # would wait for each other for good.
+        self._holding: dict[int, tuple[int | None, int]] = {}
+        self._holding_bytes = 0
+        self._largest_seen = 0  # router-wide: the size to assume where a destination saw none
+        self._memory_starved = False  # a grant was cut short by the memory limit
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -166,19 +177,35 @@ class Plugin:
     @hookimpl
     def qpid_flow_depth_changed(self, destination: Destination) -> None:
         entry = self._entry(destination)
+        if destination.largest_message > self._largest_seen:
+            self._largest_seen = destination.largest_message
         transition = entry.state.update(destination.depth, destination.bytes, self._clock())
         if transition is not None:
             self._transitioned(destination, entry, transition)
+        elif self._memory_starved:
+            self._wake_soon(None)  # the memory room may have changed: everyone asks again
         elif entry.starved:
             # A producer got less credit than it asked for: the room, or what we know of
             # message sizes, has changed since; ask again for everyone (once per turn).
             self._wake_soon(destination.address)
 
     @hookimpl
-    def qpid_flow_producer_detached(self, destination: Destination | None) -> None:
+    def qpid_flow_producer_detached(self, producer: Producer, destination: Destination | None) -> None:
+        if self._holding:  # the router dropped its held transfers (and their bytes)
+            for sequence in [s for s, (owner, _) in self._holding.items() if owner == producer.id]:
+                self._release_holding(sequence)
         # The credit it held is free again: whoever went short may have it.
-        if destination is not None and self._entry(destination).starved:
+        if self._memory_starved:
+            self._wake_soon(None)
+        elif destination is not None and self._entry(destination).starved:
             self._wake_soon(destination.address)
+
+    @hookimpl
+    def qpid_flow_transfer_settled(self, message: Message) -> None:
+        # A held transfer settled without being admitted (released at a rollback, or its
+        # destination deleted): it waits no more.
+        if self._holding:
+            self._release_holding(message.sequence)
 
     def _transitioned(self, destination: Destination, entry: _Entry, transition: FlowTransition | None) -> None:
         if transition is None:
@@ -231,6 +258,7 @@ class Plugin:
 
     def _wake_all(self) -> None:
         self._wake_all_pending = False
+        self._memory_starved = False
         if self._control is not None:
             self._control.wake(None)
 
@@ -240,20 +268,99 @@ class Plugin:
         """Producers of this destination must wait: flow is ON or an operator stopped them."""
         return self._entry(destination).state.stopped or self.stopped_by_operator(destination.address)
 
+    def _full_for(self, destination: Destination) -> bool:
+        """``reject`` and ``reject_after``: whether a transfer arriving now finds the
+        destination full. Blocked, or past a stop threshold counting what open
+        transactions staged for it: staged transfers are not in the depth until the commit,
+        so every transfer of a transaction got in while OFF and the commit put the depth far
+        past the stop (seed 004: a transacted send to a full destination fails too)."""
+        entry = self._entry(destination)
+        return self._blocked(destination) or self._past_the_stop(destination, entry.state.limits)
+
     def holds_producers(self, destination: Destination) -> bool:
         """Whether this destination's producers wait now: its flow is stopped, an operator
         stopped them, or the router is over its memory limit."""
-        return self._blocked(destination) or (self._control is not None and self._control.memory.over)
+        return self._blocked(destination) or self._memory_full()
+
+    # --- the router-wide memory limit ------------------------------------------------------
+
+    def _memory_in_use(self) -> int:
+        """The bytes that count against ``memory_limit``: all held, but those of transfers
+        held unforwarded (admitting one moves its bytes, it adds none)."""
+        control = self._control
+        return control.memory.held - self._holding_bytes if control is not None else 0
+
+    def _memory_full(self) -> bool:
+        """The limit is reached (SEMANTICS: "when reached, all producer credit stops")."""
+        control = self._control
+        return control is not None and bool(control.memory.limit) and self._memory_in_use() >= control.memory.limit
+
+    def _memory_cap(self, need: int, destination: Destination | None) -> int:
+        """``need``, cut to what fits in the room left under ``memory_limit``: credit is
+        never revoked, so a full window whatever the room let every producer pass the
+        limit by a window (memory_limit 10 KB admitted 100 messages of 1 KB). As the
+        threshold headroom, sized by the largest message seen (this destination's, or any
+        if it has seen none); the transfer that reaches the limit is admitted. Until a
+        message has been seen anywhere its size is unknown: a full window, as a first
+        grant below a size threshold is (what passes the limit on it waits)."""
+        control = self._control
+        if control is None or not control.memory.limit:
+            return need
+        room = control.memory.limit - self._memory_in_use()
+        if room <= 0:
+            return 0
+        message_size = (destination.largest_message if destination is not None else 0) or self._largest_seen
+        if not need or not message_size:
+            return need
+        fits = -(-room // message_size)
+        # The credit already out, on every named-target link, comes first (anonymous-relay
+        # links belong to no destination: not counted).
+        outstanding = sum(p.credit for d in control.destinations() for p in d.producers)
+        grant = min(need, fits - outstanding)
+        if grant < need:
+            self._memory_starved = True  # ask everyone again when memory or depths change
+        return max(0, grant)
+
+    def _track_holding(self, message: Message, destination: Destination, decision: Decision | None) -> None:
+        """Keep ``_holding`` to what the router holds unforwarded: held by a policy, or
+        (admitted but) queued behind transfers held for the same address."""
+        control = self._control
+        if control is None or not control.memory.limit:
+            return
+        held = isinstance(decision, Hold) or (decision is None and control.held_transfers(destination.address) > 0)
+        if not held:
+            if self._holding:
+                self._release_holding(message.sequence)
+            return
+        if message.sequence not in self._holding:
+            self._holding[message.sequence] = (message.producer_id, message.size)
+            self._holding_bytes += message.size
+        if decision is _MEMORY_FULL:
+            # Wake the held ones when what counts against the limit falls below it; the
+            # meter's own "below the limit" is not enough: held bytes may keep it above.
+            control.memory.when_below_level(control.memory.limit + self._holding_bytes, self._memory_freed)
+
+    def _release_holding(self, sequence: int) -> None:
+        entry = self._holding.pop(sequence, None)
+        if entry is not None:
+            self._holding_bytes -= entry[1]
+
+    def _memory_freed(self) -> None:
+        self._wake_soon(None)
+
+    def _memory_hold(self, producer: Producer) -> Decision | None:
+        """A named-target link's transfer, sent on credit given before the limit was
+        reached, waits until memory frees (its credit cannot be taken back)."""
+        if producer.address is not None and self._memory_full():
+            return _MEMORY_FULL
+        return None
 
     def stopped_by_operator(self, address: str) -> bool:
         return any(p == address or pattern_matches(p, address) for p in self._stopped_patterns)
 
     @hookimpl
     def qpid_flow_producer_credit(self, producer: Producer, destination: Destination | None) -> int:
-        control = self._control
-        if control is not None and control.memory.over:
-            return 0
-        need = window_need(self._window, producer)
+        need = self._memory_cap(window_need(self._window, producer), destination)
         if not need or destination is None:
             return need  # anonymous relay: held back by settlement instead
         if self.stopped_by_operator(destination.address):
@@ -297,19 +404,28 @@ class Plugin:
     def qpid_flow_transfer_arrived(
         self, producer: Producer, message: Message, destination: Destination
     ) -> Decision | None:
+        if message.size > self._largest_seen:
+            self._largest_seen = message.size
+        decision = self._decide(producer, message, destination)
+        self._track_holding(message, destination, decision)
+        return decision
+
+    def _decide(self, producer: Producer, message: Message, destination: Destination) -> Decision | None:
         policy = destination.policy
         if policy.when_full == "reject":
-            return Reject(self._full(destination)) if self._blocked(destination) else None
+            if self._full_for(destination):
+                return Reject(self._full(destination))
+            return self._memory_hold(producer)
         reject_after = policy.settings.get("reject_after")
         if reject_after is None:
             if policy.when_full == "flow":
-                return self._past_the_bound(producer, destination)
+                return self._past_the_bound(producer, destination) or self._memory_hold(producer)
             # A ring never stops its producers, but an operator's stop (seed 004) holds them.
-            return self._operator_hold(producer, destination)
+            return self._operator_hold(producer, destination) or self._memory_hold(producer)
         entry = self._entry(destination)
-        if not self._blocked(destination):
+        if not self._full_for(destination):
             entry.deadlines.pop(message.sequence, None)
-            return None
+            return self._memory_hold(producer)
         now = self._clock()
         deadline = entry.deadlines.setdefault(message.sequence, now + reject_after)
         remaining = deadline - now
@@ -329,14 +445,25 @@ class Plugin:
             return None
         if (held := self._operator_hold(producer, destination)) is not None:
             return held
-        limits = self._entry(destination).state.limits
-        if limits.stop_count and destination.depth + destination.staged_count > limits.stop_count:
-            return _PAST_THE_STOP
-        # Bytes too: credit is sized by the largest message seen so far, so larger ones
-        # (or a stop size lowered at runtime) can reach past the byte threshold on it.
-        if limits.stop_size and destination.bytes + destination.staged_bytes > limits.stop_size:
+        state = self._entry(destination).state
+        # While ON, whatever the depth: flow stays ON until below the resume thresholds
+        # (seed 000: "it remains 'ON' until the total number of enqueued messages is less
+        # than 500"), and held transfers go in only once it is OFF. (Checked against the stop
+        # thresholds alone, a re-check while ON let one in each time the depth fell to the
+        # stop value: it stayed pinned at stop + 1 and never had to go below resume.)
+        if state.stopped or self._past_the_stop(destination, state.limits):
             return _PAST_THE_STOP
         return None
+
+    @staticmethod
+    def _past_the_stop(destination: Destination, limits: FlowLimits) -> bool:
+        """The depth, with what open transactions staged for it (their commit puts it there),
+        is past a stop threshold: count, or bytes (credit is sized by the largest message
+        seen so far, so larger ones, or a stop size lowered at runtime, can reach past the
+        byte threshold on it). The crossing transfer is not past it: it is admitted."""
+        if limits.stop_count and destination.depth + destination.staged_count > limits.stop_count:
+            return True
+        return bool(limits.stop_size and destination.bytes + destination.staged_bytes > limits.stop_size)
 
     def _operator_hold(self, producer: Producer, destination: Destination) -> Decision | None:
         """What a named-target link sends while an operator has stopped its producers waits
@@ -380,9 +507,15 @@ class Plugin:
         limits = self._entry(destination).state.limits
         if self.stopped_by_operator(destination.address):
             return f"producers of {destination.address!r} are stopped by an operator"
+        staged = (
+            f" (+ {destination.staged_count} messages / {destination.staged_bytes} bytes in open transactions)"
+            if destination.staged_count
+            else ""
+        )
         return (
             f"destination {destination.address!r} is full: depth {destination.depth} messages / "
-            f"{destination.bytes} bytes, flow_stop_count {limits.stop_count}, flow_stop_size {limits.stop_size}"
+            f"{destination.bytes} bytes{staged}, flow_stop_count {limits.stop_count}, "
+            f"flow_stop_size {limits.stop_size}"
         )
 
     # --- operators ----------------------------------------------------------------------
@@ -436,7 +569,7 @@ class Plugin:
     def qpid_flow_destination_stats(self, destination: Destination) -> dict[str, Any]:
         entry = self._entry(destination)
         state = entry.state
-        blocked = self._blocked(destination) or (self._control is not None and self._control.memory.over)
+        blocked = self._blocked(destination) or self._memory_full()
         # Blocked: without credit while flow is stopped, or waiting for the answer to a
         # transfer (held under reject_after, or its settlement delayed); each counted once.
         blocked_ids = {p.id for p in destination.producers if p.credit == 0} if blocked else set()

@@ -67,11 +67,26 @@ def _dimension(
     warnings: list[str],
 ) -> tuple[int, int]:
     """Stop and resume for one dimension ("count" or "size")."""
+    if explicit_stop is None and explicit_resume is not None:
+        # A resume alone is dropped, not read as "no flow control here" (a stop of 0): the
+        # dimension gets the router defaults, as one with neither threshold set does.
+        # (It came out as stop 0, which switched flow control off for the dimension: max_count
+        # 1000 with flow_resume_count 500 filled to the max and rejected.)
+        warnings.append(
+            f"flow_resume_{name} = {explicit_resume} has no effect without flow_stop_{name}: the router defaults apply"
+        )
+        explicit_resume = None
     if explicit_stop is None and explicit_resume is None:
         if not maximum or not stop_percent:
             return 0, 0
         # qpidd: the stop threshold is rounded, the resume threshold truncated.
         stop = int(maximum * stop_percent / 100 + 0.5)
+        if maximum > 1:
+            # Below the maximum, as an explicit stop must be: flow has to turn ON before the
+            # maximum rejects (80 % of max_count 2 rounds to 2, and a 100 % default is the
+            # max itself: producers were rejected at the max instead of held). With a maximum
+            # of 1 no stop fits below it; the maximum alone limits.
+            stop = min(stop, maximum - 1)
         resume = min(maximum * resume_percent // 100, stop)
         # As for explicit values, a resume of 0 (a 0 % default, or one truncated to 0 on a
         # small maximum) means "resume below the stop threshold": at 0 flow never resumes.

@@ -1,0 +1,263 @@
+"""Flow control against its limits: the resume threshold for held transfers, staged
+transactions under ``reject``, the router-wide memory limit, and default thresholds."""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Any
+
+from qpid_flow.config import DestinationPolicy
+from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.core.model import Hold, Message, Producer, Reject
+from qpid_flow.core.registry import Destinations
+from qpid_flow.core.transactions import Transaction
+from qpid_flow.plugin.manager import Hooks
+from qpid_flow.policies.flow_control.thresholds import flow_limits
+from tests.unit.test_flow_plugin import SEED, FakeControl, attach, existing, fill
+from tests.unit.test_flow_plugin import setup as flow_rig
+
+
+def arrive(hooks: Hooks, producer: Producer, registry: Destinations, address: str, size: int = 10) -> Any:
+    message = Message(b"x" * size, address, producer.id)
+    return hooks.transfer_arrived(producer=producer, message=message, destination=existing(registry, address))
+
+
+def consume(registry: Destinations, address: str, count: int, memory: MemoryMeter | None = None) -> None:
+    """A consumer takes ``count`` messages (the router gives their bytes back to the meter)."""
+    destination = existing(registry, address)
+    for _ in range(count):
+        message = next(iter(destination.queue))
+        destination.queue.remove_where(functools.partial(operator.is_, message))
+        destination.count_out(message)
+        if memory is not None:
+            memory.sub(message.size)
+
+
+# --- 1. held transfers wait for flow to resume, not for the depth to fall to the stop --------
+
+
+def test_seed_000_a_held_transfer_waits_until_fewer_than_500_remain() -> None:
+    """Seed 000 (stop 900 / resume 500): "it remains 'ON' until the total number of enqueued
+    messages is less than 500". A held transfer re-asked while ON (another producer
+    attaching, a wake) went in as soon as the depth fell back to 900: the depth stayed
+    pinned at 901 and flow never had to go below the resume threshold."""
+    hooks, registry, _, flow = flow_rig(SEED)
+    producer = attach(registry, "orders")
+    fill(registry, "orders", 900)
+    assert not isinstance(arrive(hooks, producer, registry, "orders"), Hold), "the 901st is admitted"
+    fill(registry, "orders", 1)  # 901: ON
+    orders = existing(registry, "orders")
+    assert flow.qpid_flow_destination_stats(orders)["flowStopped"] is True
+    for depth in (900, 600, 500):
+        consume(registry, "orders", orders.depth - depth)
+        assert orders.depth == depth
+        decision = arrive(hooks, producer, registry, "orders")
+        assert isinstance(decision, Hold), f"depth {depth}, flow still ON: the held transfer must wait, got {decision}"
+    consume(registry, "orders", 1)  # 499: OFF
+    assert flow.qpid_flow_destination_stats(orders)["flowStopped"] is False
+    assert not isinstance(arrive(hooks, producer, registry, "orders"), Hold)
+
+
+def test_held_transfers_wait_for_the_byte_resume_threshold() -> None:
+    """The reviewer's case: flow_stop_size 1000 / flow_resume_size 500, 100-byte messages.
+    While ON nothing more is admitted until the bytes fall below 500."""
+    hooks, registry, _, _ = flow_rig({"destinations": {"q": {"flow_stop_size": 1000, "flow_resume_size": 500}}})
+    producer = attach(registry, "q")
+    fill(registry, "q", 10, size=100)  # 1,000 bytes: still OFF
+    assert not isinstance(arrive(hooks, producer, registry, "q", size=100), Hold)  # the crossing one
+    fill(registry, "q", 1, size=100)  # 1,100: ON
+    admitted = []
+    for _step in range(6):  # a consumer takes one per step: 1,000 ... 500 bytes, still ON
+        consume(registry, "q", 1)
+        decision = arrive(hooks, producer, registry, "q", size=100)
+        admitted.append(not isinstance(decision, Hold))
+    assert admitted == [False] * 6, f"admitted while flow was ON (bytes >= 500): {admitted}"
+    consume(registry, "q", 1)  # 400 bytes: OFF
+    assert not isinstance(arrive(hooks, producer, registry, "q", size=100), Hold)
+
+
+# --- 3. staged transactional transfers count for reject and reject_after --------------------
+
+
+def test_reject_counts_what_open_transactions_staged() -> None:
+    """max_count 100, flow_stop_count 10, limit_policy reject: a transaction of 30 gets
+    what a plain producer gets, 11 admitted (the 11th crosses the stop) and 19 rejected
+    (all 30 were admitted, and the commit put the depth at 30)."""
+    hooks, registry, _, _ = flow_rig(
+        {"destinations": {"rej": {"max_count": 100, "flow_stop_count": 10, "limit_policy": "reject"}}}
+    )
+    rej = existing(registry, "rej")
+    producer = attach(registry, "rej")
+    txn = Transaction(b"txn-1", "connection-1", None)
+    outcomes = []
+    for _ in range(30):
+        message = Message(b"x" * 10, "rej", producer.id)
+        message.txn = txn
+        decision = hooks.transfer_arrived(producer=producer, message=message, destination=rej)
+        if isinstance(decision, Reject):
+            outcomes.append("rejected")
+        else:
+            txn.stage_transfer(rej, message)  # as the router does with an admitted one
+            outcomes.append("staged")
+    assert (outcomes.count("staged"), outcomes.count("rejected")) == (11, 19), outcomes
+    decision = arrive(hooks, producer, registry, "rej")  # a plain transfer, beside the transaction
+    assert isinstance(decision, Reject) and "in open transactions" in decision.description
+
+
+def test_reject_after_holds_a_transfer_past_the_stop_with_the_staged_ones() -> None:
+    hooks, registry, _, _ = flow_rig(
+        {"destinations": {"slow": {"reject_after": "2s", "flow_stop_count": 2, "flow_resume_count": 1}}}
+    )
+    slow = existing(registry, "slow")
+    producer = attach(registry, "slow")
+    txn = Transaction(b"txn-2", "connection-1", None)
+    for _ in range(3):  # 3 staged: one past the stop of 2 (the crossing one)
+        message = Message(b"x", "slow", producer.id)
+        txn.stage_transfer(slow, message)
+    decision = arrive(hooks, producer, registry, "slow")
+    assert isinstance(decision, Hold), f"past the stop with 3 staged: must wait, got {decision}"
+
+
+# --- 2. the router-wide memory limit ---------------------------------------------------------
+
+
+class Router:
+    """What the router does with the plugin's answers, enough for the memory limit: held
+    transfers are kept in order with their bytes counted, and asked again in order."""
+
+    def __init__(self, hooks: Hooks, registry: Destinations, control: FakeControl) -> None:
+        self.hooks, self.registry, self.memory = hooks, registry, control.memory
+        self.held: list[tuple[Producer, Message]] = []
+        self.admitted = 0
+        control.held_transfers = lambda address: len(self.held)  # type: ignore[method-assign]
+
+    def transfer(self, producer: Producer, size: int) -> None:
+        assert producer.address is not None
+        message = Message(b"x" * size, producer.address, producer.id)
+        destination = existing(self.registry, message.address)
+        decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
+        if isinstance(decision, Hold) or self.held:
+            self.held.append((producer, message))
+            self.memory.add(size)
+        else:
+            destination.enqueue(message)
+            self.admitted += 1
+
+    def recheck(self) -> None:
+        held, self.held = self.held, []
+        for index, (producer, message) in enumerate(held):
+            destination = existing(self.registry, message.address)
+            decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
+            if isinstance(decision, Hold):
+                self.held = held[index:] + self.held
+                return
+            self.memory.sub(message.size)
+            destination.enqueue(message)
+            self.admitted += 1
+
+
+def test_the_memory_limit_is_not_passed_by_a_credit_window() -> None:
+    """memory_limit 10240, 1,000-byte messages: a window of 100 sent on a first grant
+    (no size known yet) admits 11 (the 11th reaches the limit), the rest wait unforwarded;
+    later grants are sized by the room left, and none while it is reached. (All 100 were
+    admitted, 100,000 bytes against a limit of 10,240.)"""
+    hooks, registry, control, _ = flow_rig({}, limit=10240)
+    router = Router(hooks, registry, control)
+    producer = attach(registry, "a")
+    assert hooks.producer_credit(producer=producer, destination=existing(registry, "a")) == 100  # nothing seen yet
+    for _ in range(100):
+        router.transfer(producer, 1000)
+    assert router.admitted == 11, f"admitted {router.admitted} x 1,000 bytes under a memory_limit of 10,240"
+    assert len(router.held) == 89
+    assert existing(registry, "a").bytes == 11000
+    other = attach(registry, "b")
+    assert hooks.producer_credit(producer=other, destination=existing(registry, "b")) == 0
+
+
+def test_memory_credit_is_sized_by_the_room_left() -> None:
+    hooks, registry, control, _ = flow_rig({}, limit=10240)
+    fill(registry, "a", 5, size=1000)  # 5,000 bytes held, 1,000-byte messages seen
+    first, second = attach(registry, "a"), attach(registry, "b")
+    first.credit = hooks.producer_credit(producer=first, destination=existing(registry, "a")) or 0
+    assert first.credit == 6, "5,240 bytes of room: 5 fit under the limit and the 6th reaches it"
+    # The room is taken by credit already out: none for another producer, on any destination.
+    assert hooks.producer_credit(producer=second, destination=existing(registry, "b")) == 0
+    assert control.memory.held == 5000
+
+
+def test_held_transfers_go_in_order_as_memory_frees_even_when_they_alone_are_over_the_limit() -> None:
+    """89 held transfers are 89,000 bytes, far over the 10,240 limit by themselves: they
+    must not wait for each other. As a consumer frees memory they go in, in order, up to
+    the limit again, and each fall below it wakes them."""
+    hooks, registry, control, _ = flow_rig({}, limit=10240)
+    router = Router(hooks, registry, control)
+    producer = attach(registry, "a")
+    for _ in range(100):
+        router.transfer(producer, 1000)
+    first_held = router.held[0][1]
+    control.timers.clear()
+    consume(registry, "a", 3, control.memory)  # 8,000 bytes queued: room for 3
+    assert control.timers, "memory freed below the limit: held transfers are woken"
+    router.recheck()
+    assert router.admitted == 14 and existing(registry, "a").bytes == 11000
+    assert first_held in existing(registry, "a").queue, "in arrival order"
+    consume(registry, "a", 11, control.memory)  # drained
+    router.recheck()
+    assert router.admitted == 25 and len(router.held) == 75
+
+
+def test_a_memory_meter_level_listener_fires_once_below_its_level() -> None:
+    meter = MemoryMeter(limit=100)
+    heard: list[int] = []
+
+    def listener() -> None:
+        heard.append(meter.held)
+
+    meter.add(500)
+    meter.when_below_level(300, listener)
+    meter.when_below_level(450, listener)  # moved, not added
+    meter.sub(40)
+    assert heard == []
+    meter.sub(20)
+    assert heard == [440]
+    meter.sub(300)
+    assert heard == [440], "once"
+
+
+# --- 4. and 5. default thresholds ------------------------------------------------------------
+
+
+def test_a_resume_without_a_stop_leaves_the_router_defaults() -> None:
+    """docs/configuration.md: "A resume without a stop is ignored with a warning" and a
+    dimension with neither threshold gets the router defaults (80 / 70 % of the max). It
+    came out as stop 0, no flow control by count: producers filled to the max and were
+    rejected."""
+    limits, warnings = flow_limits(DestinationPolicy.of(max_count=1000, flow_resume_count=500))
+    assert (limits.stop_count, limits.resume_count) == (800, 700), limits
+    assert warnings and "flow_resume_count = 500 has no effect" in warnings[0]
+    limits, _ = flow_limits(DestinationPolicy.of(max_size=10000, flow_resume_size=5000), 90, 75)
+    assert (limits.stop_size, limits.resume_size) == (9000, 7500), "seed 000's 90 / 75 of 10,000 bytes"
+
+
+def test_a_derived_stop_is_below_the_maximum() -> None:
+    """80 % of max_count 2 rounds to 2, and a 100 % default is the max: flow never turned ON
+    and the transfer after the max was rejected, though the limit policy is flow. An
+    explicit stop at the max is refused; a derived one is capped at max - 1."""
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=2))
+    assert (limits.stop_count, limits.resume_count) == (1, 1), limits
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=10, max_size=1000), 100, 100)
+    assert (limits.stop_count, limits.resume_count, limits.stop_size, limits.resume_size) == (9, 9, 999, 999)
+    limits, _ = flow_limits(DestinationPolicy.of(max_count=1000), 80, 70)
+    assert (limits.stop_count, limits.resume_count) == (800, 700), "seed numbers unchanged"
+
+
+def test_with_a_100_percent_default_producers_are_held_before_the_max() -> None:
+    hooks, registry, _, flow = flow_rig({"default_flow_stop_threshold": 100, "destinations": {"q": {"max_count": 10}}})
+    q = existing(registry, "q")
+    producer = attach(registry, "q")
+    assert hooks.producer_credit(producer=producer, destination=q) == 10, "9 under the stop, the 10th crosses it"
+    fill(registry, "q", 10)
+    assert flow.qpid_flow_destination_stats(q)["flowStopped"] is True
+    assert hooks.producer_credit(producer=producer, destination=q) == 0
+    assert isinstance(arrive(hooks, producer, registry, "q"), Hold), "held, not rejected by the max"
