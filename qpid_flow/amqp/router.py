@@ -733,6 +733,11 @@ class Router(Handler):
         elif isinstance(decision, Reject):
             self._producer_outcome(message, Settlement(Outcome.REJECTED, decision.condition, decision.description))
             if txn is not None:
+                # All or nothing: a commit would keep the transfers admitted and lose this
+                # one. The transaction is rolled back at its discharge instead (ActiveMQ: "for
+                # transacted sessions, rollback the transaction with a Queue full indication").
+                if txn.failure is None:
+                    txn.failure = f"a transfer to {destination.address!r} was rejected: {decision.description}"
                 txn.undecided -= 1
                 self.coordinator.try_commit(txn)
         elif isinstance(decision, Hold):

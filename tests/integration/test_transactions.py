@@ -296,6 +296,23 @@ def test_a_commit_that_no_longer_fits_is_rolled_back(qpid_flow_process: StartRou
     assert drain(router, "tx.full", 3) == ["plain-0", "plain-1", "plain-2"]
 
 
+def test_a_transaction_with_a_rejected_transfer_is_rolled_back(qpid_flow_process: StartRouter) -> None:
+    """limit_policy reject, stop at 10: a transactional producer of 30 got 11 transfers
+    staged and 19 rejected, and its commit put the 11 in, losing the 19 (not all or
+    nothing). Seed 004 (ActiveMQ): "For transacted sessions, rollback the transaction with
+    a Queue full indication": the commit is refused, nothing of it goes in."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='[destinations."tx.rej"]\nmax_count = 100\nflow_stop_count = 10\nlimit_policy = "reject"\n',
+        extra_args=["--admin", admin],
+    )
+    client = TxClient(router.url, "tx.rej", send=30).run()
+    assert client.result == "commit failed: amqp:transaction:rollback"
+    assert stats(admin, "tx.rej")["depth"] == 0
+    _send_plain(router, "tx.rej", 3)  # the destination takes plain producers as before
+    assert drain(router, "tx.rej", 3) == ["plain-0", "plain-1", "plain-2"]
+
+
 def _send_plain(router: RouterProcess, address: str, count: int) -> None:
     connection = BlockingConnection(router.url, timeout=10)
     try:
