@@ -3,10 +3,15 @@
 On every grouped destination (one with a ``group_assigned`` event, or a ``destination``
 event saying ``grouped``), from the ``deliver`` and ``settle`` events:
 
-- **order**: a group's messages must be delivered in send order (their ``seq``). Only
-  first deliveries count (``delivery_count`` 1): a released message delivered again after
-  later ones is allowed (seed 001) and is not a violation. A violation is a first delivery
-  whose ``seq`` is lower than one already delivered in the same group.
+- **order**: a group's messages must be delivered in the order the destination took them
+  in: their ``enqueue`` events' order (``n``). Not ``seq``, given as a transfer arrives: a
+  transactional transfer is enqueued when its transaction commits, after messages that
+  arrived later. Only first deliveries count (``delivery_count`` 1): a released message
+  delivered again after later ones is allowed (seed 001) and is not a violation. A
+  violation is a first delivery of a message enqueued before one already delivered in the
+  same group. A message whose ``enqueue`` is not in the log (in a pruned segment, so
+  enqueued before those that are) comes first, by ``seq``; so do tied ``enqueue`` times
+  in old logs, which have no ``n``.
 - **overlap**: at no moment may two consumers hold unsettled messages of the same group.
   Each delivery holds its message from the ``deliver`` event to the message's next
   ``settle`` (or to the end of the log); a consumer's holds are merged into periods; a
@@ -57,6 +62,7 @@ def holds(events: DataFrame, grouped: DataFrame | None = None, moves: DataFrame 
         "seq",
         "consumer",
         "delivery_count",
+        "enqueued_n",
         F.col("n").alias("start"),
         F.when(settled, F.col("next_n")).otherwise(F.lit(_FOREVER)).alias("end"),
         F.col("ts").alias("start_ts"),
@@ -72,16 +78,20 @@ def by_group(held: DataFrame) -> DataFrame:
 
 def order_violations(held: DataFrame) -> DataFrame:
     before = _earlier_in_group()
-    firsts = held.where(F.col("delivery_count") == 1)
+    # A delivery without a seq names no message: it cannot be placed (nor could it before).
+    firsts = held.where((F.col("delivery_count") == 1) & F.col("seq").isNotNull())
+    # Enqueue order, then seq (see the module's docstring); -1: before every enqueue logged.
+    place = F.struct(F.coalesce("enqueued_n", F.lit(-1)).alias("enqueued_n"), F.col("seq").alias("seq"))
     return (
-        firsts.withColumn("delivered_before", F.max("seq").over(before))
-        .where(F.col("seq") < F.col("delivered_before"))
+        firsts.withColumn("place", place)
+        .withColumn("latest", F.max("place").over(before))
+        .where(F.col("place") < F.col("latest"))
         .select(
             "run",
             "address",
             "group",
             "seq",
-            "delivered_before",
+            F.col("latest.seq").alias("delivered_before"),
             "consumer",
             F.col("start").alias("n"),
             F.col("start_ts").alias("ts"),

@@ -47,7 +47,21 @@ def expand_inputs(specs: Sequence[str]) -> list[str]:
         if not files:
             raise InputError(f"EVENTS: {spec!r} matches no file")
         found.extend(files)
-    return sorted(dict.fromkeys(found))
+    return unique_files(sorted(found))
+
+
+def unique_files(paths: Sequence[str]) -> list[str]:
+    """``paths`` in their order, each file once: a local file named two ways (relative and
+    absolute, through a symbolic link, a folder and a name in it) is one file, read once,
+    under the first of its names. A URL is left as it is (Spark resolves it)."""
+    seen: set[str] = set()
+    unique: list[str] = []
+    for path in paths:
+        key = path if "://" in path else os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            unique.append(path)
+    return unique
 
 
 def current_files(paths: Sequence[str]) -> list[str]:
@@ -65,4 +79,5 @@ def current_files(paths: Sequence[str]) -> list[str]:
                 path = finished
         if "://" in path or os.path.exists(path):
             current.append(path)
-    return list(dict.fromkeys(current))
+    # A stream and its Parquet file, listed under different names, may have become one file.
+    return unique_files(current)

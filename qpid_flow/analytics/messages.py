@@ -5,11 +5,17 @@ message-group audit, which both follow a message (``run``, ``seq``) through its
 One window over the ``enqueue``, ``deliver`` and ``settle`` events, partitioned by
 message and ordered by ``n``, gives:
 
-- for each ``enqueue``: the message's first delivery time and the time of its last
-  settlement (the latency, :mod:`.latency`);
+- for each ``enqueue``: the message's first delivery time and the time of its final
+  settlement, the last ``settle`` that ended it (the latency, :mod:`.latency`). A settle
+  ``released`` ends nothing: the message goes back to its queue, whether a consumer
+  released it or qpid-flow did (the consumer detached, a group lease ran out, a
+  transaction rolled back, the router stopped). Nor does a ``modified`` one followed by a
+  delivery (it went back; ``modified`` with undeliverable-here, which the log does not
+  tell apart, ends the message and is never followed by one);
 - for each ``deliver`` on a grouped destination: the next event of the same message among
-  the ``deliver`` and ``settle`` events of grouped destinations, which ends the hold (the
-  audit, :mod:`.audit`). The window orders by (``audited``, ``n``): those events come
+  the ``deliver`` and ``settle`` events of grouped destinations, which ends the hold, and
+  the number of the message's ``enqueue`` event, the order the destination took it in
+  (the audit, :mod:`.audit`). The window orders by (``audited``, ``n``): those events come
   after the message's others, in event order, so that the next one is the next audited
   one, as if the others were not there.
 
@@ -41,7 +47,19 @@ def message_moves(events: DataFrame, grouped: DataFrame) -> DataFrame:
     in_order = Window.partitionBy("run", "seq").orderBy("audited", "n")
     whole = in_order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     deliver = F.col("event") == "deliver"
-    settle = F.col("event") == "settle"
+    is_enqueue = F.col("event") == "enqueue"
+    # The message's last delivery, a column of its own: no window within an aggregate.
+    marked = marked.withColumn("_last_deliver", F.max(F.when(deliver, F.col("n"))).over(whole))
+    last_deliver = F.col("_last_deliver")
+    # Settles that end the message (see the module's docstring). A settle without an
+    # outcome (a hand-written log) counts, as every settle used to. Old logs number events
+    # by time, so a settle may tie with the delivery before it: >=, not >.
+    outcome = F.col("outcome")
+    ends = (F.col("event") == "settle") & (
+        outcome.isNull()
+        | outcome.isin("accepted", "rejected")
+        | ((outcome == "modified") & (last_deliver.isNull() | (F.col("n") >= last_deliver)))
+    )
     windowed = marked.select(
         *_MOVE_FIELDS,
         "event",
@@ -52,9 +70,9 @@ def message_moves(events: DataFrame, grouped: DataFrame) -> DataFrame:
         F.lead("n").over(in_order).alias("next_n"),
         F.lead("ts").over(in_order).alias("next_ts"),
         F.min(F.when(deliver, F.col("ts"))).over(whole).alias("t_deliver"),
-        F.max_by(F.when(settle, F.col("ts")), F.when(settle, F.col("n"))).over(whole).alias("t_settle"),
+        F.max_by(F.when(ends, F.col("ts")), F.when(ends, F.col("n"))).over(whole).alias("t_settle"),
+        F.min(F.when(is_enqueue, F.col("n"))).over(whole).alias("enqueued_n"),
     )
-    is_enqueue = F.col("event") == "enqueue"
     kept = windowed.where(is_enqueue | (F.col("audited") & deliver))
     # An enqueue without a run or a sequence number matches no delivery (a join would not).
     known = F.col("run").isNotNull() & F.col("seq").isNotNull()
@@ -66,6 +84,7 @@ def message_moves(events: DataFrame, grouped: DataFrame) -> DataFrame:
         "next_event",
         "next_n",
         "next_ts",
+        "enqueued_n",
         F.when(known, F.col("t_deliver")).alias("t_deliver"),
         F.when(known, F.col("t_settle")).alias("t_settle"),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -14,10 +15,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+# Characters of an address kept in its file name; the name stays well under the 255 bytes
+# file systems allow (an address may be longer: AMQP sets no limit).
+_READABLE = 80
+
 
 def file_stem(address: str) -> str:
-    """A file name for an address (addresses may hold '/', '*', '>' ...)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", address).strip("_") or "destination"
+    """A file name for an address (addresses may hold '/', '*', '>' ...), unique to it.
+
+    The readable part alone is not: 'a/b', 'a_b' and 'a b' read alike, every non-ASCII
+    name reads as nothing, and a long one is cut; so a hash of the whole address follows it,
+    and two destinations never draw over each other's plot."""
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", address).strip("_")[:_READABLE].strip("_") or "destination"
+    # surrogatepass: an address read from a log may hold a lone surrogate (JSON allows it).
+    digest = hashlib.sha1(address.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()[:10]
+    return f"{readable}-{digest}"
 
 
 class TimeAxis:

@@ -203,7 +203,7 @@ def _read_inputs(spark: Any, paths: list[str], scratch: Path) -> Any:
     Parquet file that is pruned while it reads (``ignoreMissingFiles``) rather than failing."""
     from functools import reduce
 
-    from qpid_flow.analytics.inputs import current_files
+    from qpid_flow.analytics.inputs import current_files, unique_files
     from qpid_flow.analytics.schema import EVENT_SCHEMA
 
     paths = current_files(paths)
@@ -214,7 +214,7 @@ def _read_inputs(spark: Any, paths: list[str], scratch: Path) -> Any:
         converted = _stream_as_parquet(Path(stream), scratch / f"stream-{index}.parquet")
         if converted is not None:
             parquet.append(str(converted))
-    parquet = list(dict.fromkeys(parquet))  # a stream finished meanwhile is its Parquet file, maybe listed too
+    parquet = unique_files(parquet)  # a stream finished meanwhile is its Parquet file, maybe listed too
     frames = []
     if text:
         frames.append(spark.read.schema(EVENT_SCHEMA).option("mode", "PERMISSIVE").json(text))
@@ -259,8 +259,9 @@ class EventStats:
     assigned: list[tuple[str | None, str | None]] = field(default_factory=list)
 
 
-# Fields no analysis reads: not parsed, not cached.
-_UNUSED_FIELDS = ("id", "outcome", "condition", "reason")
+# Fields no analysis reads: not parsed, not cached. (The latency reads ``outcome``: a
+# released message was not settled for good.)
+_UNUSED_FIELDS = ("id", "condition", "reason")
 
 
 def load_events(
@@ -555,7 +556,8 @@ def _run_report(
             ),
             Section(
                 "Latency",
-                f"Milliseconds from a message's enqueue to its first delivery and to its final settlement; "
+                f"Milliseconds from a message's enqueue to its first delivery and to its final settlement "
+                f"(a release is none: the message went back); "
                 f"over time in buckets of {width} s of enqueue time.",
                 tables=[
                     Table(
@@ -566,7 +568,7 @@ def _run_report(
             ),
             Section(
                 "Message-group audit",
-                "First deliveries must follow send order within a group (redeliveries are not counted); "
+                "First deliveries must follow enqueue order within a group (redeliveries are not counted); "
                 "two consumers must never hold unsettled messages of one group at the same time.",
                 verdict=(
                     healthy,
@@ -597,7 +599,7 @@ def _run_report(
                 "Stop = max - max(credit windows of the producers attached at once, observed overshoot), "
                 "so that a destination "
                 "stays under its maximum even if every producer sends its window after the stop (seed 000); "
-                "resume keeps the configured stop:resume ratio (70:80 when none). Bytes use the largest message. "
+                "resume keeps the configured resume:stop ratio (70:80 when none). Bytes use the largest message. "
                 "Without a maximum, a suggested maximum = observed peak + windows.",
                 tables=[
                     Table("Per destination", result.advice, ADVICE_COLUMNS, files=writer.links("threshold_advice"))

@@ -41,6 +41,55 @@ def test_inputs_expand_files_folders_and_globs(tmp_path: Path) -> None:
         expand_inputs([str(tmp_path / "*.log")])
 
 
+def test_a_file_named_two_ways_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reviewer's case: a folder (relative) and a file in it (absolute) doubled every count.
+    (tmp_path / "logs" / "flow").mkdir(parents=True)
+    log = tmp_path / "logs" / "flow" / "events.jsonl"
+    log.write_text("{}\n")
+    (tmp_path / "link.jsonl").symlink_to(log)
+    monkeypatch.chdir(tmp_path)
+    found = expand_inputs(["logs/flow", str(log), "link.jsonl", "logs/../logs/flow/events.jsonl"])
+    assert len(found) == 1 and os.path.samefile(found[0], log)
+    # A URL is Spark's to resolve: kept as given, even naming a file listed already.
+    assert sorted(expand_inputs(["logs/flow", f"file://{log}"])) == [f"file://{log}", "logs/flow/events.jsonl"]
+
+
+def test_each_destination_gets_plot_files_of_its_own(tmp_path: Path) -> None:
+    """Addresses that read alike as file names ('a/b', 'a_b', 'a b'; any two non-ASCII
+    names) drew over each other's plots, each shown under the wrong title, and an address
+    too long for a file name stopped the report (OSError) with the page left 'working'."""
+    pytest.importorskip("matplotlib")
+    from qpid_flow.analytics.plots import file_stem
+    from qpid_flow.analytics.report import _plot_depths, _plot_latency
+
+    addresses = ["a/b", "a_b", "a b", "заказы", "παραγγελίες", "q" * 302, "q" * 301]
+    stems = [file_stem(a) for a in addresses]
+    assert len(set(stems)) == len(addresses)
+    assert all(len(f"latency-{stem}.png".encode()) <= 120 for stem in stems)
+    assert file_stem("orders").startswith("orders-") and file_stem("a/b").startswith("a_b-")
+    assert file_stem("заказы").startswith("destination-")
+
+    (tmp_path / "plots").mkdir()
+    ranked = [{"address": a, "flowStopCount": 0} for a in addresses]
+    series = {a: {"r": [(1000.0, 1), (1001.0, 2 + i)]} for i, a in enumerate(addresses)}
+    depths = _plot_depths(tmp_path, {}, ranked, series, [])
+    buckets = [
+        {
+            "address": a,
+            "bucket_start": 1000.0,
+            **{f"{m}_{p}_ms": 1.0 + i for m in ("to_settle", "to_deliver") for p in ("p50", "p95", "p99")},
+        }
+        for i, a in enumerate(addresses)
+    ]
+    latencies = _plot_latency(tmp_path, buckets, addresses, 1.0)
+    images = depths + latencies
+    # One file per plot, each where the page's link points, under its own title.
+    assert len({src for src, _ in images}) == len(images) == 2 * len(addresses)
+    assert [alt for _, alt in depths] == [f"depth of {a}" for a in addresses]
+    for src, _ in images:
+        assert (tmp_path / src).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_bucket_widths_are_round_numbers() -> None:
     pytest.importorskip("pyspark")  # qpid_flow.analytics.latency imports it
     from qpid_flow.analytics.latency import bucket_seconds
@@ -206,6 +255,69 @@ def test_threshold_advice_uses_the_producers_windows(spark: Any, tmp_path: Path)
     assert advice["max_count_fits_windows"] is True
 
 
+def test_group_order_is_the_order_messages_were_enqueued_in(spark: Any, tmp_path: Path) -> None:
+    """A transactional transfer gets its seq on arrival but is enqueued at commit: the
+    router delivers in enqueue order, and so must the audit check (it used seq)."""
+    log = tmp_path / "logs" / "events.jsonl"
+    log.parent.mkdir()
+    numbered: list[tuple[str, int | None, str | None]] = [
+        ("destination", None, None),
+        ("transfer_settled", 1, None),  # seq 1: staged in a transaction...
+        ("enqueue", 2, "g"),
+        ("deliver", 2, "g"),
+        ("settle", 2, "g"),
+        ("enqueue", 1, "g"),  # ... enqueued at its commit, after seq 2: in order
+        ("deliver", 1, "g"),
+        ("settle", 1, "g"),
+        ("enqueue", 3, "h"),
+        ("enqueue", 4, "h"),
+        ("deliver", 4, "h"),
+        ("deliver", 3, "h"),  # a violation: 3 was enqueued before 4
+        ("settle", 4, "h"),
+        ("settle", 3, "h"),
+        ("enqueue", 6, "k"),  # 6 committed before 5 arrived
+        ("enqueue", 5, "k"),
+        ("deliver", 5, "k"),
+        ("deliver", 6, "k"),  # a violation: 6 was enqueued before 5
+        ("settle", 5, "k"),
+        ("settle", 6, "k"),
+        ("deliver", 7, "p"),  # enqueued before the log begins (a pruned segment)
+        ("settle", 7, "p"),
+        ("enqueue", 8, "p"),
+        ("deliver", 8, "p"),
+        ("settle", 8, "p"),
+    ]
+    # A log written before events were numbered: tied enqueue times are told apart by seq.
+    unnumbered: list[tuple[float, str, int | None, str | None]] = [
+        (1.0, "destination", None, None),
+        (3.0, "enqueue", 1, "g"),
+        (3.0, "enqueue", 2, "g"),
+        (4.0, "deliver", 1, "g"),
+        (4.0, "settle", 1, "g"),
+        (5.0, "deliver", 2, "g"),
+        (5.0, "settle", 2, "g"),
+    ]
+    grouped = {"grouped": True, "maxCount": 0, "maxSize": 0}
+    with log.open("w") as out:
+        for n, (event, seq, group) in enumerate(numbered, 1):
+            record: dict[str, Any] = {"v": 1, "ts": 1000.0 + n, "run": "t", "n": n, "event": event, "address": "grp"}
+            record.update(grouped if event == "destination" else {"seq": seq, "group": group, "consumer": 1})
+            record.update({"delivery_count": 1} if event == "deliver" else {})
+            record.update({"outcome": "accepted"} if event == "settle" else {})
+            out.write(json.dumps(record) + "\n")
+        for ts, event, seq, group in unnumbered:
+            record = {"v": 1, "ts": ts, "run": "old", "event": event, "address": "grp"}
+            record.update(grouped if event == "destination" else {"seq": seq, "group": group, "consumer": 1})
+            record.update({"delivery_count": 1} if event == "deliver" else {})
+            record.update({"outcome": "accepted"} if event == "settle" else {})
+            out.write(json.dumps(record) + "\n")
+    result = run_report(spark, [str(log)], tmp_path / "out")
+    found = {(r["run"], r["group"], r["seq"], r["delivered_before"]) for r in result.order_violations}
+    assert found == {("t", "h", 3, 4), ("t", "k", 6, 5)}
+    assert by_address(result.audit)["grp"]["order_violations"] == 2
+    assert result.overlap_violations == []
+
+
 def test_latency_percentiles(spark: Any, tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl.gz"
     with gzip.open(log, "wt") as out:
@@ -215,6 +327,41 @@ def test_latency_percentiles(spark: Any, tmp_path: Path) -> None:
                 n += 1
                 record = {"v": 1, "ts": 5000.0 + i + ts, "run": "r", "n": n, "event": event, "address": "lat", "seq": i}
                 out.write(json.dumps(record) + "\n")
+        # On "held", only the settles that end a message count (ms after its enqueue):
+        # accepted, rejected (here an expiry, by qpid-flow), modified not followed by a
+        # delivery (undeliverable-here: it left); not a release, by a consumer or by
+        # qpid-flow (here at router stop), nor a modified that went back.
+        held: list[tuple[int, float, str, int | None, str | None]] = [
+            (101, 0, "enqueue", None, None),
+            (101, 10, "deliver", 1, None),
+            (101, 65, "settle", 1, "accepted"),  # counted: 65
+            (102, 0, "enqueue", None, None),
+            (102, 10, "deliver", 2, None),
+            (102, 3565, "settle", None, "released"),  # held unsettled when the router stopped
+            (103, 0, "enqueue", None, None),
+            (103, 10, "deliver", 1, None),
+            (103, 20, "settle", 1, "released"),  # never delivered again
+            (104, 0, "enqueue", None, None),
+            (104, 10, "deliver", 1, None),
+            (104, 20, "settle", 1, "modified"),  # back in the queue...
+            (104, 30, "deliver", 1, None),
+            (104, 300, "settle", 1, "accepted"),  # ... counted: 300
+            (105, 0, "enqueue", None, None),
+            (105, 10, "deliver", 1, None),
+            (105, 40, "settle", 1, "modified"),  # counted: 40
+            (106, 0, "enqueue", None, None),
+            (106, 10, "deliver", 1, None),
+            (106, 20, "settle", 1, "modified"),
+            (106, 30, "deliver", 1, None),
+            (106, 3000, "settle", None, "released"),
+            (107, 0, "enqueue", None, None),
+            (107, 80, "settle", None, "rejected"),  # counted: 80 (expired, never delivered)
+        ]
+        for seq, ms, event, consumer, outcome in held:
+            n += 1
+            record = {"v": 1, "ts": 5200.0 + seq + ms / 1000, "run": "r", "n": n, "event": event, "address": "held"}
+            record.update(seq=seq, consumer=consumer, outcome=outcome, delivery_count=1 if event == "deliver" else None)
+            out.write(json.dumps(record) + "\n")
         out.write("not json at all\n")
         out.write(json.dumps({"v": 2, "ts": 1.0, "run": "r", "n": 0, "event": "enqueue", "address": "x"}) + "\n")
     result = run_report(spark, [str(log)], tmp_path / "out")
@@ -224,19 +371,29 @@ def test_latency_percentiles(spark: Any, tmp_path: Path) -> None:
     assert row["to_deliver_p99_ms"] == pytest.approx(99, abs=1)
     assert row["to_settle_p95_ms"] == pytest.approx(190, abs=2)
     assert row["to_settle_max_ms"] == pytest.approx(200, abs=0.01)
+    held_row = by_address(result.latency)["held"]
+    assert held_row["to_deliver_count"] == 6
+    assert held_row["to_settle_count"] == 4
+    assert held_row["to_settle_max_ms"] == pytest.approx(300, abs=0.01)
+    assert held_row["to_settle_mean_ms"] == pytest.approx((65 + 300 + 40 + 80) / 4, abs=0.01)
     page = (tmp_path / "out" / "index.html").read_text()
     assert "unreadable lines</th><td>1</td>" in page
     assert "other schema versions (skipped)</th><td>1</td>" in page
 
 
 def test_a_healthy_log_reports_no_violation_and_the_page_renders(spark: Any, tmp_path: Path) -> None:
+    from qpid_flow.analytics.plots import file_stem
+
     generate(tmp_path / "logs", runs=1, messages=2000, groups=30, seed=3, gzip_files=True)
     out = tmp_path / "out"
     result = run_report(spark, expand_inputs([str(tmp_path / "logs")]), out)
     assert result.order_violations == [] and result.overlap_violations == []
     page = (out / "index.html").read_text()
     assert "No violation" in page and "refresh" not in page
-    assert {Path(p).name for p in result.plots} >= {f"depth-{FLOWED}.png", f"latency-{GROUPED}.png"}
+    assert {Path(p).name for p in result.plots} >= {
+        f"depth-{file_stem(FLOWED)}.png",
+        f"latency-{file_stem(GROUPED)}.png",
+    }
     for name in result.plots:
         assert (out / name).stat().st_size > 5000
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
