@@ -742,7 +742,7 @@ class Router(Handler):
                 self.coordinator.try_commit(txn)
         elif isinstance(decision, Hold):
             self._held.setdefault(destination.address, []).append(message)
-            self.memory.add(message.size)
+            self.memory.hold(message.size)
         else:
             # The hook caller lets nothing else through; whatever this is, the transfer gets
             # an outcome rather than vanishing unsettled.
@@ -870,14 +870,14 @@ class Router(Handler):
         for index, message in enumerate(held):
             producer_entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
             if producer_entry is None:
-                self.memory.sub(message.size)
+                self.memory.unhold(message.size)
                 continue
             decision = self.hooks.transfer_arrived(producer=producer_entry[0], message=message, destination=destination)
             if isinstance(decision, Hold):
                 # Keep this one and everything after it, in order.
                 self._held[address] = held[index:] + self._held.get(address, [])
                 return
-            self.memory.sub(message.size)
+            self.memory.unhold(message.size)
             self._apply_decision(decision, destination, message)
 
     def _destination_gone(self, address: str) -> None:
@@ -889,7 +889,7 @@ class Router(Handler):
             if message.producer_id in self._producers:
                 self._settle_producer(message, settlement)
         for message in self._held.pop(address, ()):
-            self.memory.sub(message.size)
+            self.memory.unhold(message.size)
             self._undecided_for_good(message, f"{address!r} was deleted before flow control admitted a transfer to it")
             if message.producer_id in self._producers:
                 self._settle_producer(message, Settlement.released())
@@ -948,7 +948,7 @@ class Router(Handler):
             else:
                 del self._held[address]
             for message in dropped:
-                self.memory.sub(message.size)
+                self.memory.unhold(message.size)
                 message.txn = None
                 self._settle_producer(message, Settlement.released())
         txn.undecided = 0
@@ -961,7 +961,7 @@ class Router(Handler):
         its delayed settlements have no one to go to."""
         for address, messages in list(self._held.items()):
             kept = [m for m in messages if m.producer_id != producer.id]
-            self.memory.sub(sum(m.size for m in messages) - sum(m.size for m in kept))
+            self.memory.unhold(sum(m.size for m in messages) - sum(m.size for m in kept))
             for message in messages:
                 if message.producer_id == producer.id:
                     self._undecided_for_good(message, "a producer left before flow control admitted its transfer")

@@ -15,31 +15,33 @@ __all__ = ["MemoryMeter"]
 
 
 class MemoryMeter:
-    __slots__ = ("_below_listeners", "_level_listeners", "held", "limit")
+    """``held``: every byte of message data qpid-flow holds. ``waiting``: the part of it
+    that is transfers a policy holds unforwarded (they wait on the policy's word, and
+    admitting one moves its bytes: it adds none). What counts against the limit is the
+    rest: counted with the waiting bytes, held transfers that alone passed the limit would
+    wait for each other for good."""
+
+    __slots__ = ("_below_listeners", "held", "limit", "waiting")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit  # 0: no limit
         self.held = 0
+        self.waiting = 0
         self._below_listeners: list[Callable[[], None]] = []
-        self._level_listeners: dict[Callable[[], None], int] = {}
 
     def when_below(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` each time the held bytes fall back below the limit (any number
-        of plugins may listen)."""
+        """Call ``callback`` each time the bytes in use fall back below the limit (any
+        number of plugins may listen)."""
         self._below_listeners.append(callback)
 
-    def when_below_level(self, level: int, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once, the next time the held bytes fall below ``level``; asking
-        again with the same callback moves its level.
-
-        For a policy that knows part of the held bytes waits on its own word (transfers it
-        holds unforwarded are held bytes too, and the limit alone would never be left
-        while they are more than it)."""
-        self._level_listeners[callback] = level
+    @property
+    def in_use(self) -> int:
+        """The bytes that count against the limit: held, but not waiting."""
+        return self.held - self.waiting
 
     @property
     def over(self) -> bool:
-        return bool(self.limit) and self.held >= self.limit
+        return bool(self.limit) and self.held - self.waiting >= self.limit
 
     def add(self, size: int) -> None:
         self.held += size
@@ -50,8 +52,14 @@ class MemoryMeter:
         if was_over and not self.over:
             for callback in self._below_listeners:
                 callback()
-        if self._level_listeners:
-            due = [callback for callback, level in self._level_listeners.items() if self.held < level]
-            for callback in due:
-                del self._level_listeners[callback]
-                callback()
+
+    def hold(self, size: int) -> None:
+        """A transfer is held unforwarded: its bytes are held, not in use."""
+        self.held += size
+        self.waiting += size
+
+    def unhold(self, size: int) -> None:
+        """A held transfer leaves the wait (admitted, which adds its bytes again where it
+        goes, or dropped)."""
+        self.held -= size
+        self.waiting -= size

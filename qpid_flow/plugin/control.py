@@ -30,10 +30,12 @@ class RouterControl:
 
     :ivar memory: the bytes of message data qpid-flow holds, against ``memory_limit``
         (:class:`~qpid_flow.core.memory.MemoryMeter`): read ``memory.over`` (True while
-        over the limit: the built-in flow control then gives no producer credit),
-        ``memory.held`` and ``memory.limit`` (0: no limit); ``memory.when_below(callback)``
-        calls ``callback`` each time the bytes held fall back to the limit (the built-in
-        flow control resumes producers that way).
+        the bytes in use are at the limit: the built-in flow control then gives no producer
+        credit), ``memory.held`` (every byte), ``memory.waiting`` (those of transfers held
+        unforwarded, which are not in use: admitting one moves its bytes),
+        ``memory.in_use`` and ``memory.limit`` (0: no limit); ``memory.when_below(callback)``
+        calls ``callback`` each time the bytes in use fall back below the limit (the
+        built-in flow control resumes producers that way).
     :ivar hooks: every hook, as the router calls them (:class:`~qpid_flow.plugin.manager.Hooks`:
         one attribute per hook, named without the ``qpid_flow_`` prefix, called with
         keyword arguments), for a plugin that reports events of its own to other plugins:

@@ -124,7 +124,7 @@ def test_reject_after_holds_a_transfer_past_the_stop_with_the_staged_ones() -> N
 
 class Router:
     """What the router does with the plugin's answers, enough for the memory limit: held
-    transfers are kept in order with their bytes counted, and asked again in order."""
+    transfers are kept in order with their bytes held (not in use), and asked again in order."""
 
     def __init__(self, hooks: Hooks, registry: Destinations, control: FakeControl) -> None:
         self.hooks, self.registry, self.memory = hooks, registry, control.memory
@@ -139,7 +139,7 @@ class Router:
         decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
         if isinstance(decision, Hold) or self.held:
             self.held.append((producer, message))
-            self.memory.add(size)
+            self.memory.hold(size)
         else:
             destination.enqueue(message)
             self.admitted += 1
@@ -152,7 +152,7 @@ class Router:
             if isinstance(decision, Hold):
                 self.held = held[index:] + self.held
                 return
-            self.memory.sub(message.size)
+            self.memory.unhold(message.size)
             destination.enqueue(message)
             self.admitted += 1
 
@@ -207,22 +207,22 @@ def test_held_transfers_go_in_order_as_memory_frees_even_when_they_alone_are_ove
     assert router.admitted == 25 and len(router.held) == 75
 
 
-def test_a_memory_meter_level_listener_fires_once_below_its_level() -> None:
+def test_bytes_of_held_transfers_do_not_count_against_the_memory_limit() -> None:
+    """Held unforwarded, a transfer's bytes are held but not in use: admitting it moves
+    them (unhold, then added where it goes). Counted in use, held transfers that alone
+    passed the limit waited for each other for good."""
     meter = MemoryMeter(limit=100)
     heard: list[int] = []
-
-    def listener() -> None:
-        heard.append(meter.held)
-
-    meter.add(500)
-    meter.when_below_level(300, listener)
-    meter.when_below_level(450, listener)  # moved, not added
-    meter.sub(40)
-    assert heard == []
+    meter.when_below(lambda: heard.append(meter.in_use))
+    meter.add(90)
+    meter.hold(500)
+    assert (meter.held, meter.in_use, meter.over) == (590, 90, False)
+    meter.add(20)
+    assert meter.over
+    meter.unhold(500)  # dropped: nothing frees what is in use
+    assert (meter.held, heard) == (110, [])
     meter.sub(20)
-    assert heard == [440]
-    meter.sub(300)
-    assert heard == [440], "once"
+    assert heard == [90]
 
 
 # --- 4. and 5. default thresholds ------------------------------------------------------------

@@ -99,12 +99,6 @@ class Plugin:
         self._window = 100
         self._stopped_patterns: set[str] = set()  # "producers stop PATTERN"
         self._wake_all_pending = False
-        # With a memory_limit: the transfers the router holds unforwarded (by sequence:
-        # producer id, bytes). They are in the memory meter's bytes, but wait on our word:
-        # what counts against the limit is the rest, or held transfers above the limit
-        # would wait for each other for good.
-        self._holding: dict[int, tuple[int | None, int]] = {}
-        self._holding_bytes = 0
         self._largest_seen = 0  # router-wide: the size to assume where a destination saw none
         self._memory_starved = False  # a grant was cut short by the memory limit
 
@@ -190,22 +184,12 @@ class Plugin:
             self._wake_soon(destination.address)
 
     @hookimpl
-    def qpid_flow_producer_detached(self, producer: Producer, destination: Destination | None) -> None:
-        if self._holding:  # the router dropped its held transfers (and their bytes)
-            for sequence in [s for s, (owner, _) in self._holding.items() if owner == producer.id]:
-                self._release_holding(sequence)
+    def qpid_flow_producer_detached(self, destination: Destination | None) -> None:
         # The credit it held is free again: whoever went short may have it.
         if self._memory_starved:
             self._wake_soon(None)
         elif destination is not None and self._entry(destination).starved:
             self._wake_soon(destination.address)
-
-    @hookimpl
-    def qpid_flow_transfer_settled(self, message: Message) -> None:
-        # A held transfer settled without being admitted (released at a rollback, or its
-        # destination deleted): it waits no more.
-        if self._holding:
-            self._release_holding(message.sequence)
 
     def _transitioned(self, destination: Destination, entry: _Entry, transition: FlowTransition | None) -> None:
         if transition is None:
@@ -284,16 +268,10 @@ class Plugin:
 
     # --- the router-wide memory limit ------------------------------------------------------
 
-    def _memory_in_use(self) -> int:
-        """The bytes that count against ``memory_limit``: all held, but those of transfers
-        held unforwarded (admitting one moves its bytes, it adds none)."""
-        control = self._control
-        return control.memory.held - self._holding_bytes if control is not None else 0
-
     def _memory_full(self) -> bool:
-        """The limit is reached (SEMANTICS: "when reached, all producer credit stops")."""
-        control = self._control
-        return control is not None and bool(control.memory.limit) and self._memory_in_use() >= control.memory.limit
+        """The limit is reached (SEMANTICS: "when reached, all producer credit stops"). The
+        bytes of transfers held unforwarded do not count (``MemoryMeter.in_use``)."""
+        return self._control is not None and self._control.memory.over
 
     def _memory_cap(self, need: int, destination: Destination | None) -> int:
         """``need``, cut to what fits in the room left under ``memory_limit``: credit is
@@ -306,7 +284,7 @@ class Plugin:
         control = self._control
         if control is None or not control.memory.limit:
             return need
-        room = control.memory.limit - self._memory_in_use()
+        room = control.memory.limit - control.memory.in_use
         if room <= 0:
             return 0
         message_size = (destination.largest_message if destination is not None else 0) or self._largest_seen
@@ -320,33 +298,6 @@ class Plugin:
         if grant < need:
             self._memory_starved = True  # ask everyone again when memory or depths change
         return max(0, grant)
-
-    def _track_holding(self, message: Message, destination: Destination, decision: Decision | None) -> None:
-        """Keep ``_holding`` to what the router holds unforwarded: held by a policy, or
-        (admitted but) queued behind transfers held for the same address."""
-        control = self._control
-        if control is None or not control.memory.limit:
-            return
-        held = isinstance(decision, Hold) or (decision is None and control.held_transfers(destination.address) > 0)
-        if not held:
-            if self._holding:
-                self._release_holding(message.sequence)
-            return
-        if message.sequence not in self._holding:
-            self._holding[message.sequence] = (message.producer_id, message.size)
-            self._holding_bytes += message.size
-        if decision is _MEMORY_FULL:
-            # Wake the held ones when what counts against the limit falls below it; the
-            # meter's own "below the limit" is not enough: held bytes may keep it above.
-            control.memory.when_below_level(control.memory.limit + self._holding_bytes, self._memory_freed)
-
-    def _release_holding(self, sequence: int) -> None:
-        entry = self._holding.pop(sequence, None)
-        if entry is not None:
-            self._holding_bytes -= entry[1]
-
-    def _memory_freed(self) -> None:
-        self._wake_soon(None)
 
     def _memory_hold(self, producer: Producer) -> Decision | None:
         """A named-target link's transfer, sent on credit given before the limit was
@@ -406,11 +357,6 @@ class Plugin:
     ) -> Decision | None:
         if message.size > self._largest_seen:
             self._largest_seen = message.size
-        decision = self._decide(producer, message, destination)
-        self._track_holding(message, destination, decision)
-        return decision
-
-    def _decide(self, producer: Producer, message: Message, destination: Destination) -> Decision | None:
         policy = destination.policy
         if policy.when_full == "reject":
             if self._full_for(destination):
