@@ -175,15 +175,33 @@ def test_the_memory_limit_is_not_passed_by_a_credit_window() -> None:
     assert hooks.producer_credit(producer=other, destination=existing(registry, "b")) == 0
 
 
-def test_memory_credit_is_sized_by_the_room_left() -> None:
+def test_memory_credit_is_sized_by_the_room_left_and_shared() -> None:
+    """5,240 bytes of room with 1,000-byte messages: 6 fit (the 6th reaches the limit),
+    shared by the two producer links, on any destination."""
     hooks, registry, control, _ = flow_rig({}, limit=10240)
     fill(registry, "a", 5, size=1000)  # 5,000 bytes held, 1,000-byte messages seen
     first, second = attach(registry, "a"), attach(registry, "b")
+    for producer in (first, second):
+        hooks.producer_attached(producer=producer, destination=existing(registry, producer.address or ""))
     first.credit = hooks.producer_credit(producer=first, destination=existing(registry, "a")) or 0
-    assert first.credit == 6, "5,240 bytes of room: 5 fit under the limit and the 6th reaches it"
-    # The room is taken by credit already out: none for another producer, on any destination.
-    assert hooks.producer_credit(producer=second, destination=existing(registry, "b")) == 0
+    assert first.credit == 3
+    assert hooks.producer_credit(producer=second, destination=existing(registry, "b")) == 3
     assert control.memory.held == 5000
+
+
+def test_a_producer_that_never_sends_keeps_no_other_from_the_memory_room() -> None:
+    """A link given a full window before any size was known, that never sends: its credit
+    was taken from the room, and every other producer got 0 for good, memory empty (a
+    review: 100 of 300 messages, then stuck with qpid_flow_memory_bytes 0)."""
+    hooks, registry, control, _ = flow_rig({}, limit=50 * 1024)
+    idle, busy = attach(registry, "idle"), attach(registry, "work")
+    for producer in (idle, busy):
+        hooks.producer_attached(producer=producer, destination=existing(registry, producer.address or ""))
+    idle.credit = hooks.producer_credit(producer=idle, destination=existing(registry, "idle")) or 0
+    assert idle.credit == 100  # nothing seen yet: a full window
+    fill(registry, "work", 1, size=1000)
+    consume(registry, "work", 1, control.memory)  # memory empty again, 1,000-byte messages seen
+    assert hooks.producer_credit(producer=busy, destination=existing(registry, "work")) == 26  # 52 fit, shared by 2
 
 
 def test_held_transfers_go_in_order_as_memory_frees_even_when_they_alone_are_over_the_limit() -> None:

@@ -101,6 +101,7 @@ class Plugin:
         self._wake_all_pending = False
         self._largest_seen = 0  # router-wide: the size to assume where a destination saw none
         self._memory_starved = False  # a grant was cut short by the memory limit
+        self._named_producers = 0  # producer links with a destination: they share the memory room
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -184,7 +185,14 @@ class Plugin:
             self._wake_soon(destination.address)
 
     @hookimpl
+    def qpid_flow_producer_attached(self, destination: Destination | None) -> None:
+        if destination is not None:
+            self._named_producers += 1
+
+    @hookimpl
     def qpid_flow_producer_detached(self, destination: Destination | None) -> None:
+        if destination is not None:
+            self._named_producers = max(0, self._named_producers - 1)
         # The credit it held is free again: whoever went short may have it.
         if self._memory_starved:
             self._wake_soon(None)
@@ -273,7 +281,7 @@ class Plugin:
         bytes of transfers held unforwarded do not count (``MemoryMeter.in_use``)."""
         return self._control is not None and self._control.memory.over
 
-    def _memory_cap(self, need: int, destination: Destination | None) -> int:
+    def _memory_cap(self, need: int, producer: Producer, destination: Destination | None) -> int:
         """``need``, cut to what fits in the room left under ``memory_limit``: credit is
         never revoked, so a full window whatever the room let every producer pass the
         limit by a window (memory_limit 10 KB admitted 100 messages of 1 KB). As the
@@ -291,10 +299,13 @@ class Plugin:
         if not need or not message_size:
             return need
         fits = -(-room // message_size)
-        # The credit already out, on every named-target link, comes first (anonymous-relay
-        # links belong to no destination: not counted).
-        outstanding = sum(p.credit for d in control.destinations() for p in d.producers)
-        grant = min(need, fits - outstanding)
+        # Each named-target link's share of the room (anonymous-relay links belong to no
+        # destination: not counted), its own credit in it. Not the room less all the credit
+        # out: a link that got a window and never sends kept every other at 0 for good,
+        # memory empty. Credit given before counts against nobody else: what it carries
+        # past the limit waits (_memory_hold).
+        share = -(-fits // max(1, self._named_producers))
+        grant = min(need, share - producer.credit)
         if grant < need:
             self._memory_starved = True  # ask everyone again when memory or depths change
         return max(0, grant)
@@ -311,7 +322,7 @@ class Plugin:
 
     @hookimpl
     def qpid_flow_producer_credit(self, producer: Producer, destination: Destination | None) -> int:
-        need = self._memory_cap(window_need(self._window, producer), destination)
+        need = self._memory_cap(window_need(self._window, producer), producer, destination)
         if not need or destination is None:
             return need  # anonymous relay: held back by settlement instead
         if self.stopped_by_operator(destination.address):
