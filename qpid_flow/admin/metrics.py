@@ -212,10 +212,15 @@ ROUTER_METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("qpid_flow_messages_in", "counter", "Messages admitted to destinations, router-wide."),
     MetricSpec("qpid_flow_messages_out", "counter", "Messages handed to consumers, router-wide."),
-    MetricSpec("qpid_flow_memory_bytes", "gauge", "Bytes of messages qpid-flow holds (counted against memory_limit)."),
+    MetricSpec(
+        "qpid_flow_memory_bytes",
+        "gauge",
+        "Bytes of messages qpid-flow holds, counted against memory_limit (transfers held unforwarded are not:"
+        " admitting one moves its bytes).",
+    ),
     MetricSpec("qpid_flow_memory_limit_bytes", "gauge", "memory_limit (0: none)."),
     MetricSpec(
-        "qpid_flow_memory_over_limit", "gauge", "1 while the held bytes are over memory_limit (every producer held)."
+        "qpid_flow_memory_over_limit", "gauge", "1 while the bytes counted are at memory_limit (every producer held)."
     ),
     MetricSpec(
         "qpid_flow_plugin_errors",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -69,6 +70,9 @@ class StubGroupReader:
 
     def shutdown(self) -> None:
         self.calls.append(("shutdown", ""))
+
+    def connection_states(self) -> list[bool]:
+        return [True]  # its probe's connection, open
 
 
 @dataclass
@@ -1255,3 +1259,17 @@ def test_a_producer_s_source_reaches_the_broker_and_its_answer_the_client(rig: R
     sent, answered = pair.broker.received("attach")[0], pair.client.received("attach")[0]
     assert "source=@source(40)" in sent and ":queue" in sent
     assert "source=@source(40)" in answered
+
+
+def test_the_memory_gauge_counts_the_bytes_in_use_not_the_transfers_held(rig: Rig) -> None:
+    """qpid_flow_memory_bytes is 'counted against memory_limit'. Transfers held unforwarded
+    are held bytes but not in use: counted, the gauge read 5 x the limit with nothing over
+    it, and the shipped QpidFlowMemoryNearLimit alert fired."""
+    from qpid_flow.admin.operations import Operations
+
+    memory = MemoryMeter(limit=20480)
+    memory.add(5000)
+    memory.hold(100_000)
+    operations = Operations(rig.destinations, cast(Any, SimpleNamespace(memory=memory)), rig.router)
+    snapshot = operations.snapshot()
+    assert (snapshot.memory_bytes, snapshot.memory_over) == (5000, False)
