@@ -138,9 +138,11 @@ class Coordinator:
         router.drop_held_in(txn)
         for _, message in txn.transfers:
             router.memory.sub(message.size)
-        # The room the staged transfers took is free again: whoever waits for credit there
-        # (the transaction's own producer, if it stays) may have it.
+        # The room the staged transfers took is free again: transfers held because they
+        # counted (flow control counts what is staged) are asked about again, then whoever
+        # waits for credit there (the transaction's own producer, if it stays) may have it.
         for address in {destination.address for destination, _ in txn.transfers}:
+            router.recheck_held(address)
             router.grant_all(address)
         given_back: dict[int, Destination] = {}
         for staged in txn.outcomes.values():

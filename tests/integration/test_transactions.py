@@ -34,7 +34,8 @@ TIMEOUT = 30.0
 class TxClient(MessagingHandler, TransactionHandler):
     """Runs one transaction: sends ``send`` messages to ``address`` and/or takes ``take``
     messages from it (accepting each in the transaction), calls ``before_discharge`` (the
-    moment to look at the router from outside), then commits (or aborts).
+    moment to look at the router from outside), then commits (or aborts), and calls
+    ``after_discharge`` before it closes its connection.
 
     ``result`` is "committed", "aborted" or "commit failed: CONDITION".
     """
@@ -47,6 +48,7 @@ class TxClient(MessagingHandler, TransactionHandler):
         take: int = 0,
         commit: bool = True,
         before_discharge: Callable[[], None] | None = None,
+        after_discharge: Callable[[], None] | None = None,
         settle_before_discharge: bool = False,
         discharge_when_sent: bool = False,
     ) -> None:
@@ -58,6 +60,7 @@ class TxClient(MessagingHandler, TransactionHandler):
         self.to_take = take
         self.commit = commit
         self.before_discharge = before_discharge
+        self.after_discharge = after_discharge
         self.settle_before_discharge = settle_before_discharge
         self.transaction: Transaction | None = None
         self.sent = 0
@@ -142,6 +145,8 @@ class TxClient(MessagingHandler, TransactionHandler):
     def _finish(self, result: str) -> None:
         self.result = result
         self.timer.cancel()
+        if self.after_discharge is not None:
+            self.after_discharge()  # the connection still open: its going wakes the router
         self.connection.close()
 
     def run(self) -> TxClient:
@@ -311,6 +316,56 @@ def test_a_transaction_with_a_rejected_transfer_is_rolled_back(qpid_flow_process
     assert stats(admin, "tx.rej")["depth"] == 0
     _send_plain(router, "tx.rej", 3)  # the destination takes plain producers as before
     assert drain(router, "tx.rej", 3) == ["plain-0", "plain-1", "plain-2"]
+
+
+def test_a_transfer_held_for_what_a_transaction_staged_goes_in_at_its_rollback(qpid_flow_process: StartRouter) -> None:
+    """Flow control counts what open transactions staged: a plain transfer past the stop
+    size with them is held, flow OFF. The rollback freed the room but asked nobody again
+    about held transfers (no depth change, no resume): the transfer stayed held, its
+    producer's later ones behind it, for good."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='producer_window = 4\n[destinations."tx.held"]\nmax_size = 10000\nflow_stop_size = 70\n'
+        "flow_resume_size = 30\n",
+        extra_args=["--admin", admin],
+    )
+    plain = BlockingConnection(router.url, timeout=10)
+    sender = plain.create_sender("tx.held")  # credit now, while nothing is staged
+    outcome: list[str] = []
+
+    def send_plain() -> None:
+        try:
+            sender.send(Message(body="plain", durable=True))
+            outcome.append("accepted")
+        except Exception as exc:  # the test reads what happened
+            outcome.append(type(exc).__name__)
+
+    def hold_one_then_abort() -> None:
+        threading.Thread(target=send_plain, daemon=True).start()
+        deadline = time.monotonic() + 10
+        while stats(admin, "tx.held")["transfersHeld"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats(admin, "tx.held")["transfersHeld"] == 1, "the plain transfer was not held"
+
+    def wait_for_the_plain_outcome() -> None:
+        deadline = time.monotonic() + 10
+        while not outcome and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    try:
+        client = TxClient(
+            router.url,
+            "tx.held",
+            send=4,
+            commit=False,
+            before_discharge=hold_one_then_abort,
+            after_discharge=wait_for_the_plain_outcome,
+        ).run()
+        assert client.result == "aborted"
+        assert outcome == ["accepted"], "the held transfer stayed held after the rollback"
+        assert stats(admin, "tx.held")["depth"] == 1
+    finally:
+        plain.close()
 
 
 def _send_plain(router: RouterProcess, address: str, count: int) -> None:
