@@ -375,7 +375,7 @@ class _Handshake:
 
     def _client_readable(self) -> None:
         data = self.client.receive()
-        if self.server is None and not self._finished and self.client.tls is not None:
+        if self.server is None and self._learning is None and not self._finished and self.client.tls is not None:
             if self.client.tls.handshake_done:
                 self._start_sasl()
             elif self.client.tls_error is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,10 +23,12 @@ import pytest
 from proton import ConnectionException, Delivery, Endpoint, Message, SSLDomain
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
+from qpid_flow.security.sasl import MechanismsReader
 from qpid_flow.security.users import UsersFile
 
 from .harness.broker import Broker, BrokerError
 from .harness.certs import Certificates, foreign_client, make_certificates
+from .harness.forwarder import Forwarder
 from .harness.net import free_port
 from .harness.rabbitmq import RabbitMQBroker
 from .harness.rawclient import RawClient
@@ -604,3 +607,26 @@ def test_an_attach_refused_before_the_broker_began_its_session_is_still_answered
     assert [p.name for p in peer.received if p.name in ("begin", "attach", "detach")] == ["begin", "attach", "detach"]
     assert peer.named("detach")[0].condition() == "amqp:unauthorized-access"
     peer.close()
+
+
+def test_a_tls_client_is_offered_the_mechanisms_of_a_broker_down_at_start(
+    rabbitmq: Broker, qpid_flow_process: StartRouter, certificates: Certificates
+) -> None:
+    """While the broker's mechanisms are unknown (it was down at start), a client's
+    handshake learns them from the broker first. A TLS client's SASL header, read after
+    the TLS handshake while the broker had not answered yet, started that again: the
+    learning connection was dropped, the next broker of the list tried (none), and the
+    client closed (broker_unavailable), every TLS client alike."""
+    port = free_port()
+    router = start_secured(qpid_flow_process, certificates, broker_url=f"amqp://127.0.0.1:{port}")
+    forwarder = Forwarder(port, rabbitmq.port, answer_delay=0.5)  # the broker answers slowly
+    try:
+        context = ssl.create_default_context(cafile=str(certificates.ca))
+        with context.wrap_socket(
+            socket.create_connection(("localhost", router.tls), timeout=10), server_hostname="localhost"
+        ) as sock:
+            time.sleep(0.1)  # the SASL header in a read of its own, after the TLS handshake
+            offered = MechanismsReader().read_from(sock)
+    finally:
+        forwarder.close()
+    assert offered == ("ANONYMOUS", "AMQPLAIN", "PLAIN")  # RabbitMQ's, in its order

@@ -38,6 +38,7 @@ from qpid_flow.security.sasl import MechanismsReader
 from .harness.blocking_clients import unique_address
 from .harness.broker import Broker
 from .harness.cexamples import ProtonCExamples
+from .harness.forwarder import Forwarder
 from .harness.net import free_port
 from .harness.router import StartRouter
 from .harness.scenario import (
@@ -812,41 +813,6 @@ def test_the_client_is_offered_the_brokers_mechanisms_in_its_order(both: Both) -
     assert through == direct
 
 
-class _Forwarder:
-    """A TCP port that carries each connection to the broker's, started when the test says:
-    a broker that was down when qpid-flow started."""
-
-    def __init__(self, port: int, broker_port: int) -> None:
-        self._broker_port = broker_port
-        self._listener = socket.create_server(("127.0.0.1", port))
-        self._sockets: list[socket.socket] = [self._listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            broker = socket.create_connection(("127.0.0.1", self._broker_port))
-            self._sockets += [client, broker]
-            for source, sink in ((client, broker), (broker, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-            sink.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        for sock in self._sockets:
-            sock.close()
-
-
 def test_a_broker_down_at_start_has_its_own_mechanisms_offered_from_the_first_client(
     rabbitmq: Broker, qpid_flow_process: StartRouter
 ) -> None:
@@ -857,7 +823,7 @@ def test_a_broker_down_at_start_has_its_own_mechanisms_offered_from_the_first_cl
     asks the broker before offering anything."""
     port = free_port()
     router = qpid_flow_process(broker_url=f"amqp://127.0.0.1:{port}")
-    forwarder = _Forwarder(port, rabbitmq.port)
+    forwarder = Forwarder(port, rabbitmq.port)
     try:
         direct = mechanisms_offered(Target(rabbitmq.url, rabbitmq, through=False))
         through = mechanisms_offered(Target(router.url, rabbitmq, through=True))
