@@ -528,11 +528,49 @@ def selector_fields(buf: bytes) -> dict[str, Any]:
     for name, jms_name in jms_names.items():
         value = properties[name]
         if value is not None:
-            fields[jms_name] = str(value) if name in ("message_id", "correlation_id") else value
+            fields[jms_name] = value
+    # Ids as a JMS client shows them (getJMSMessageID): a selector written from what the
+    # client printed matches. A str() of the AMQP value gave Python's "b'...'" for binary.
+    for name, jms_name, correlation in (
+        ("message_id", "JMSMessageID", False),
+        ("correlation_id", "JMSCorrelationID", True),
+    ):
+        shown = jms_id(properties[name], correlation)
+        if shown is None:
+            fields.pop(jms_name, None)
+        else:
+            fields[jms_name] = shown
+    # JMS: 0 for a message without a timestamp, and for one that does not expire.
+    fields.setdefault("JMSTimestamp", 0)
+    fields.setdefault("JMSExpiration", 0)
     user = properties["user_id"]
     if isinstance(user, bytes):
         fields["JMSXUserID"] = user.decode("utf-8", "replace")
     return fields
+
+
+# The type prefixes qpid-jms writes after "ID:" for ids that are not plain strings.
+_ID_TYPE_PREFIXES = ("AMQP_NO_PREFIX:", "AMQP_UUID:", "AMQP_ULONG:", "AMQP_BINARY:", "AMQP_STRING:")
+
+
+def jms_id(value: Any, correlation: bool = False) -> str | None:
+    """A message-id (or, ``correlation``, a correlation-id) as qpid-jms shows it to a JMS
+    application (JMS 2.0 3.4.3: a JMSMessageID starts with "ID:"): a string that has "ID:"
+    as it is (one that then looks like a type prefix escaped as AMQP_STRING), else with
+    "ID:AMQP_NO_PREFIX:" (a correlation-id string as it is: applications set their own);
+    a uuid, ulong or binary with its type prefix, binary in upper-case hex."""
+    if isinstance(value, str):
+        if value.startswith("ID:"):
+            rest = value[3:]
+            return "ID:AMQP_STRING:" + rest if rest.startswith(_ID_TYPE_PREFIXES) else value
+        return value if correlation else "ID:AMQP_NO_PREFIX:" + value
+    if isinstance(value, uuid.UUID):
+        return f"ID:AMQP_UUID:{value}"
+    if isinstance(value, bytes):
+        return "ID:AMQP_BINARY:" + value.hex().upper()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"ID:AMQP_ULONG:{value}"
+    return None
 
 
 _SELECTOR_PROPERTIES = (

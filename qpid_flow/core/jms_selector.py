@@ -25,15 +25,19 @@ their names and the JMS header identifiers that JMS 2.0 lets a selector name, de
 the AMQP message as the AMQP JMS mapping (and qpid-jms) does:
 
 =================== ====================================================================
-``JMSMessageID``     properties.message-id as a string (qpid-jms prefixes ``ID:``)
-``JMSCorrelationID`` properties.correlation-id as a string
+``JMSMessageID``     properties.message-id as qpid-jms shows it: ``ID:`` kept, else
+                    ``ID:AMQP_NO_PREFIX:``, ``ID:AMQP_UUID:``, ``ID:AMQP_ULONG:`` or
+                    ``ID:AMQP_BINARY:`` (upper-case hex) and the value
+``JMSCorrelationID`` properties.correlation-id, as JMSMessageID but a string without ``ID:``
+                    as it is
 ``JMSPriority``      header.priority (4 when absent), an int
 ``JMSDeliveryMode``  ``"PERSISTENT"`` if header.durable else ``"NON_PERSISTENT"``
-``JMSTimestamp``     properties.creation-time, milliseconds since the epoch (int)
+``JMSTimestamp``     properties.creation-time, milliseconds since the epoch (int); 0 without
 ``JMSType``          message-annotations ``x-opt-jms-type``, else properties.subject
 =================== ====================================================================
 
-Brokers also let selectors name ``JMSExpiration`` (absolute-expiry-time, ms),
+Brokers also let selectors name ``JMSExpiration`` (when it expires, ms: absolute-expiry-time,
+or arrival + header.ttl if sooner; 0 if it does not),
 ``JMSRedelivered`` (header.delivery-count > 0, a bool), ``JMSXDeliveryCount``
 (delivery-count + 1), ``JMSXGroupID`` (group-id), ``JMSXGroupSeq`` (group-sequence) and
 ``JMSXUserID`` (user-id); a caller that fills them in gets them selectable.
@@ -66,8 +70,9 @@ Syntax
   BETWEEN``, ``[NOT] IN``, ``[NOT] LIKE ... [ESCAPE ...]``, ``IS [NOT] NULL``; ``NOT``;
   ``AND``; ``OR``. Parentheses group.
 * White space is space, tab, form feed, carriage return and line feed. A selector that is
-  empty or only white space selects every message (JMS: no selector). ActiveMQ's SQL
-  comments (``--``, ``/* */``) are not accepted.
+  empty or only white space selects every message (JMS: no selector). SQL comments are
+  skipped as ActiveMQ and Artemis skip them: ``--`` to the end of the line, ``/* */``.
+  (Read as two minus signs, ``weight > 5 -- heavy`` meant ``weight > 5 - (-heavy)``.)
 
 Errors found while parsing raise ``SelectorError`` with the column (1-based character
 position in the selector) and what is wrong, including type errors a reader can see
@@ -687,6 +692,11 @@ def _lex_quoted(text: str, i: int, quote: str) -> tuple[str, int]:
         return "".join(parts), k + 1
 
 
+def _end_of_line(text: str, i: int) -> int:
+    ends = [k for k in (text.find("\n", i), text.find("\r", i)) if k >= 0]
+    return min(ends) + 1 if ends else len(text)
+
+
 def _tokenize(text: str) -> list[_Token]:
     tokens: list[_Token] = []
     n = len(text)
@@ -695,6 +705,15 @@ def _tokenize(text: str) -> list[_Token]:
         ch = text[i]
         if ch in _WHITE:
             i += 1
+            continue
+        if text.startswith("--", i):  # a comment to the end of the line, as ActiveMQ and Artemis
+            i = _end_of_line(text, i)
+            continue
+        if text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            if end < 0:
+                raise SelectorError("unterminated comment", i + 1)
+            i = end + 2
             continue
         start = i
         if ch == "'":

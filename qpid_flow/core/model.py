@@ -189,6 +189,9 @@ class Message:
                 self._selector_fields = codec.selector_fields(self.data)
             except codec.MalformedMessage:
                 self._selector_fields = {}
+            else:
+                if self.expires is not None:  # its header's ttl counts too, from its arrival
+                    self._selector_fields["JMSExpiration"] = int(self.expires * 1000)
         fields: dict[str, Any] = self._selector_fields
         if self.failed_attempts:
             # The header this delivery will carry (``wire``): raised by the failed attempts

@@ -126,10 +126,36 @@ def test_selector_fields_map_amqp_to_jms_identifiers() -> None:
     fields = codec.selector_fields(message.encode())
     assert fields["colour"] == "blue" and fields["weight"] == 2501
     assert "nested" not in fields  # compound values are not selectable
-    assert (fields["JMSMessageID"], fields["JMSCorrelationID"], fields["JMSType"]) == ("m-1", "c-1", "car")
+    assert (fields["JMSMessageID"], fields["JMSCorrelationID"], fields["JMSType"]) == (
+        "ID:AMQP_NO_PREFIX:m-1",
+        "c-1",
+        "car",
+    )
     assert (fields["JMSPriority"], fields["JMSDeliveryMode"]) == (7, "PERSISTENT")
     bare = codec.selector_fields(Message(body="x").encode())
     assert (bare["JMSPriority"], bare["JMSDeliveryMode"]) == (4, "NON_PERSISTENT")
+    assert (bare["JMSTimestamp"], bare["JMSExpiration"]) == (0, 0)  # JMS: none is 0
+    assert "JMSMessageID" not in bare
+
+
+@pytest.mark.parametrize(
+    ("message_id", "correlation_id", "shown"),
+    [
+        # As qpid-jms shows them (getJMSMessageID, getJMSCorrelationID): str() gave "b'...'"
+        # for binary ids and no "ID:" at all.
+        ("order-1", "order-1", ("ID:AMQP_NO_PREFIX:order-1", "order-1")),
+        ("ID:abc", "ID:abc", ("ID:abc", "ID:abc")),
+        ("ID:AMQP_UUID:x", "ID:AMQP_UUID:x", ("ID:AMQP_STRING:AMQP_UUID:x", "ID:AMQP_STRING:AMQP_UUID:x")),
+        (uuid.UUID(int=1), uuid.UUID(int=1), ("ID:AMQP_UUID:00000000-0000-0000-0000-000000000001",) * 2),
+        (ulong(42), ulong(42), ("ID:AMQP_ULONG:42",) * 2),
+        (b"\x01\xab", b"\x01\xab", ("ID:AMQP_BINARY:01AB",) * 2),
+    ],
+)
+def test_message_and_correlation_ids_read_as_a_jms_client_shows_them(
+    message_id: object, correlation_id: object, shown: tuple[str, str]
+) -> None:
+    fields = codec.selector_fields(encode(id=message_id, correlation_id=correlation_id, body="x"))
+    assert (fields["JMSMessageID"], fields["JMSCorrelationID"]) == shown
 
 
 # --- message-id and group-id in one pass --------------------------------------------------------
@@ -224,3 +250,13 @@ def test_message_annotations_are_merged_keeping_every_other_byte() -> None:
     assert again.endswith(annotated[end:])
     decoded.decode(again)
     assert decoded.annotations == {"x-opt-a": 2, "x-opt-b": "keep", "x-opt-c": True}
+
+
+def test_jms_expiration_counts_the_ttl_from_arrival() -> None:
+    """A message sent with a ttl alone had no JMSExpiration (JMSExpiration > 0 matched
+    nothing): it is when the message expires, in ms."""
+    from qpid_flow.core.model import Message as Queued
+
+    queued = Queued(encode(address="q", ttl=600, body="x"), "q")
+    queued.expires = 1_000_000.5  # as the standalone backend sets it: arrival + ttl
+    assert queued.selector_fields()["JMSExpiration"] == 1_000_000_500

@@ -725,7 +725,7 @@ def test_long_flat_chains_do_not_recurse() -> None:
     assert s.matches({"x": 5, "one": 1})
     s = parse_selector("NOT " * terms + "a")
     assert s.matches({"a": True})
-    s = parse_selector("-" * terms + "a = 5")
+    s = parse_selector("+-" * (terms // 2) + "a = 5")  # "--" would start a comment
     assert s.matches({"a": 5})
     s = parse_selector("- " * (terms + 1) + "a = -5")
     assert s.matches({"a": 5})
@@ -859,3 +859,20 @@ def test_random_well_formed_selectors_against_random_messages() -> None:
     for _ in range(2000):
         accepted += check_random(condition(0), rng)
     assert accepted > 1000  # type errors between literals ('red' > 1) are refused; the rest parse
+
+
+def test_sql_comments_are_skipped_as_activemq_and_artemis_skip_them() -> None:
+    """Read as two minus signs, 'weight > 5 -- heavy' meant weight > 5 - (-heavy): accepted,
+    echoed as in force, and matching nothing."""
+    fields = {"weight": 10, "colour": "red"}
+    for text in (
+        "weight > 5 -- heavy\nAND colour = 'red'",
+        "weight > 5 --heavy\r\nAND colour = 'red'",
+        "weight > 5 /* heavy, -- not red */ AND colour = 'red'",
+        "weight > 5 AND colour = 'red' -- the rest of the line",
+    ):
+        selector = parse_selector(text)
+        assert selector.matches(fields), text
+        assert selector.identifiers == {"weight", "colour"}, text
+    with pytest.raises(SelectorError, match="unterminated comment"):
+        parse_selector("weight > 5 /* heavy")
