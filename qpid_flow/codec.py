@@ -400,6 +400,34 @@ def expiry_and_properties(buf: bytes, received: float) -> tuple[float | None, in
     return None, properties
 
 
+def check_sections(buf: bytes) -> None:
+    """Raise MalformedMessage unless ``buf`` is a message a client can decode: at least one
+    section, each a described section of the message (header, annotations, properties,
+    application-properties, body, footer) in the order AMQP 1.0 3.2 gives them, each
+    whole, and nothing after the last. (A message without a body passes: RabbitMQ takes
+    one too.) A walk of the section headers: values are skipped, not decoded."""
+    end = len(buf)
+    if not end:
+        raise MalformedMessage("an empty message: no section at all")
+    try:
+        pos, last = 0, 0
+        while pos < end:
+            if buf[pos + 1] == 0x53 and buf[pos] == 0x00:  # the usual form: 0x00 0x53 code
+                code, value_pos = buf[pos + 2], pos + 3
+                if not 0x70 <= code <= 0x78:
+                    raise MalformedMessage(f"not a message section: descriptor {code:#x} at offset {pos}")
+            else:
+                code, value_pos = _section_code(buf, pos)
+            # In order; only data and amqp-sequence body sections may repeat, and a body is
+            # of one kind.
+            if code < last or (code == last and code not in (0x75, 0x76)) or (0x75 <= last < code <= 0x77):
+                raise MalformedMessage(f"section {code:#x} out of order at offset {pos}")
+            last = code
+            pos = skip(buf, value_pos)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+
+
 _TTL = 2  # in the header's list
 _ABSOLUTE_EXPIRY = _FIELD_INDEX["absolute_expiry_time"]
 

@@ -127,6 +127,11 @@ class Router(Handler):
         # Temporary destinations made for a dynamic target: address -> the producer link
         # that made it, whose detach deletes it (the node lives as long as its link).
         self._dynamic_targets: dict[str, int] = {}
+        # Temporary queues made for a dynamic source: address -> the consumer that made it,
+        # whose detach deletes it, and whose connection alone may consume from it (JMS: a
+        # temporary queue is its connection's; ActiveMQ refuses a "remote temporary
+        # destination").
+        self._dynamic_sources: dict[str, Consumer] = {}
 
     # --- connections ----------------------------------------------------------------------
 
@@ -413,6 +418,10 @@ class Router(Handler):
         if destination is None:
             self._refuse_link(link, "amqp:not-found", f"no destination {address!r}")
             return
+        maker = self._dynamic_sources.get(destination.address)
+        if maker is not None and maker.connection_id != link.connection.qf_id:
+            self._refuse_link(link, "amqp:resource-locked", f"{address!r} is a temporary queue of another connection")
+            return
         filters = self._filters_in_force(link)
         if filters is None:
             return
@@ -449,7 +458,7 @@ class Router(Handler):
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         link.open()
-        self._start_consumer(link, destination, selector)
+        self._dynamic_sources[destination.address] = self._start_consumer(link, destination, selector)
         log.debug("temporary_destination", address=destination.address, link=link.name)
 
     def _start_consumer(
@@ -499,19 +508,22 @@ class Router(Handler):
         if consumer is not None and self._consumers.pop(consumer.id, None) is not None:
             del self._sent[consumer.id]  # the destination gets its messages back below
             destination = self.destinations.find(consumer.address)
+            made_it = self._dynamic_sources.get(consumer.address) is consumer
+            if made_it and destination is None:  # deleted meanwhile (an operator)
+                del self._dynamic_sources[consumer.address]
             if destination is not None:
                 destination.remove_consumer(consumer)
                 self.backend.consumer_detached(destination)
-                if (
-                    destination.temporary
-                    and not destination.consumers
-                    and destination.address not in self._dynamic_targets
-                ):
-                    # Its producers (a responder's reply link) are told, as consumers of a
-                    # deleted dynamic target are: their replies have no reader any more.
+                if made_it:
+                    # The link that made it went: so does the node (AMQP 1.0 3.5.10: a
+                    # dynamic node lives as long as the link that caused its creation), and
+                    # whoever else is attached to it (its producers: a responder's reply
+                    # link, whose replies have no reader any more) is told.
                     address = destination.address
+                    del self._dynamic_sources[address]
                     self._detach_deleted(
-                        [link for producer, link in self._producers.values() if producer.address == address],
+                        [link for producer, link in self._producers.values() if producer.address == address]
+                        + [link for other, link in self._consumers.values() if other.address == address],
                         f"{address!r} was deleted with the link that made it",
                     )
                     self.destinations.delete(destination)

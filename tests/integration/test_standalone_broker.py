@@ -4,6 +4,7 @@ by real clients: the open frame, ... (transactions: test_transactions.py)"""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import os
 import time
@@ -12,7 +13,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from proton import Delivery, Message, Timeout, symbol
+from proton import Delivery, Endpoint, Message, Timeout, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, Copy, LinkOption, Selector
 from proton.utils import BlockingConnection, LinkDetached
@@ -203,6 +204,38 @@ def test_replies_to_a_deleted_reply_queue_are_refused_not_kept(qpid_flow_process
     finally:
         client.close()
         server.close()
+
+
+def test_a_reply_queue_is_its_connection_s_and_goes_with_the_link_that_made_it(
+    qpid_flow_process: StartRouter,
+) -> None:
+    """A consumer on another connection attached to the requester's temporary queue and
+    took half its replies; after the requester's link closed, the queue lived on for that
+    consumer, replies still accepted. JMS (and ActiveMQ: 'Cannot subscribe to remote
+    temporary destination') keep a temporary queue to its connection, and AMQP 1.0 3.5.10
+    deletes a dynamic node with the link that caused its creation."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(extra_args=["--admin", admin])
+    client = BlockingConnection(router.url, timeout=10)
+    other = BlockingConnection(router.url, timeout=10)
+    try:
+        replies = client.create_receiver(None, dynamic=True)
+        reply_to = replies.link.remote_source.address
+        with pytest.raises(LinkDetached) as refused:
+            other.create_receiver(reply_to)
+        assert "amqp:resource-locked" in str(refused.value)
+        second = client.create_receiver(reply_to)  # its own connection may, as JMS allows
+        with pytest.raises(LinkDetached) as deleted:
+            replies.close()  # the other consumer of the same connection is detached with it
+            client.wait(lambda: False, timeout=5)
+        assert "amqp:resource-deleted" in str(deleted.value)
+        assert second.link.state & Endpoint.REMOTE_CLOSED
+        with pytest.raises(urllib.error.HTTPError) as gone:
+            _destination(admin, reply_to)
+        assert gone.value.code == 404
+    finally:
+        client.close()
+        other.close()
 
 
 def test_a_selector_on_a_dynamic_source_is_applied(qpid_flow_process: StartRouter) -> None:
@@ -453,3 +486,43 @@ def test_a_consumer_is_not_sent_a_message_larger_than_its_max_message_size(
         assert limited.link.state & limited.link.REMOTE_ACTIVE  # still attached
     finally:
         connection.close()
+
+
+def test_a_message_a_client_cannot_decode_is_refused_not_queued(qpid_flow_process: StartRouter) -> None:
+    """An empty transfer and a malformed one were accepted and queued as sent: a Proton
+    MessagingHandler consuming on another connection raised on them (and after its
+    release the next consumer got the same), where RabbitMQ never hands a consumer bytes
+    it cannot decode. They are rejected with amqp:decode-error; the good one behind them
+    goes through."""
+    from .harness.rawclient import RawClient
+
+    router = qpid_flow_process()
+    raw = RawClient(router.port)
+    try:
+        raw.connection.open()
+        session = raw.connection.session()
+        session.open()
+        sender = session.sender("bad-bytes")
+        sender.target.address = "undecodable"
+        sender.open()
+        assert raw.pump(lambda: sender.credit > 0)
+        outcomes = []
+        for tag, payload in enumerate((b"", b"\xff\xfe\xfd", b"\x00Sw\xa1\x05hel", Message(body="good").encode())):
+            delivery = sender.delivery(str(tag))
+            sender.send(payload)
+            sender.advance()
+            assert raw.pump(functools.partial(getattr, delivery, "remote_state"))
+            condition = delivery.remote.condition
+            outcomes.append((delivery.remote_state, condition.name if condition else None))
+        assert outcomes == [(Delivery.REJECTED, "amqp:decode-error")] * 3 + [(Delivery.ACCEPTED, None)]
+    finally:
+        raw.close()
+    consumer = BlockingConnection(router.url, timeout=10)
+    try:
+        receiver = consumer.create_receiver("undecodable")
+        assert receiver.receive(timeout=10).body == "good"
+        receiver.accept()
+        with pytest.raises(Timeout):
+            receiver.receive(timeout=1)
+    finally:
+        consumer.close()

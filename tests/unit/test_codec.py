@@ -222,6 +222,7 @@ def test_the_walker_agrees_with_protons_decode_on_random_messages() -> None:
         expiries += [decoded.expiry_time] if decoded.expiry_time else []
         expiry = codec.expiry_time(data, 1000.0)
         assert expiry == pytest.approx(min(expiries)) if expiries else expiry is None
+        codec.check_sections(data)  # whatever Proton encodes passes
 
 
 def test_message_annotations_are_merged_keeping_every_other_byte() -> None:
@@ -260,3 +261,27 @@ def test_jms_expiration_counts_the_ttl_from_arrival() -> None:
     queued = Queued(encode(address="q", ttl=600, body="x"), "q")
     queued.expires = 1_000_000.5  # as the standalone backend sets it: arrival + ttl
     assert queued.selector_fields()["JMSExpiration"] == 1_000_000_500
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"", "an empty message"),
+        (b"\xff\xfe\xfd", "expected a described section"),
+        (b"\x00Sw\xa1\x05hel", "ends inside a value"),
+        (Message(body="x").encode() + b"\x00", "malformed"),
+        # properties after the body: out of the order AMQP 1.0 3.2 gives
+        (Message(body="x").encode() + Message(id="late").encode()[: -len(Message().encode())], "out of order"),
+        (b"\x00Sw\xa1\x01a\x00Su\xa0\x01b", "out of order"),  # an amqp-value then a data section
+    ],
+)
+def test_messages_a_client_cannot_decode_are_found(data: bytes, why: str) -> None:
+    """A standalone qpid-flow queued them as sent: an empty transfer, and garbage, reached
+    consumers on other connections and made Proton's MessagingHandler raise."""
+    with pytest.raises(codec.MalformedMessage, match=why):
+        codec.check_sections(data)
+
+
+def test_a_message_without_a_body_passes_as_rabbitmq_takes_it() -> None:
+    codec.check_sections(Message(id="no-body", properties={"k": 1}).encode())
+    codec.check_sections(Message(body=[b"a", b"b"]).encode())  # a body of one kind

@@ -486,13 +486,15 @@ def test_a_browser_counts_as_a_consumer_and_keeps_its_destination_in_use(hooks: 
 def test_a_ring_refuses_a_message_larger_than_max_size_and_keeps_its_messages(hooks: Hooks) -> None:
     """qpidd's ring refuses a message larger than its maximum before dropping anything. (A
     2 KB message to a 1,000-byte ring emptied it, oldest first, and was refused anyway.)"""
+    from proton import Message as Encoded
+
     from qpid_flow.core.standalone import StandaloneBackend
 
     dest = make(hooks, limit_policy="ring", max_size=1000)
     for n in range(5):
-        StandaloneBackend().forward(dest, msg(n), lambda message, settlement: None)
+        StandaloneBackend().forward(dest, Message(Encoded(body=n).encode(), "q"), lambda message, settlement: None)
     outcomes: list[Settlement] = []
-    big = Message(b"x" * 2000, "q")
+    big = Message(Encoded(body="x" * 2000).encode(), "q")
     StandaloneBackend().forward(dest, big, lambda message, settlement: outcomes.append(settlement))
     assert outcomes[0].outcome is Outcome.REJECTED
     assert (len(dest.queue), dest.ring_dropped) == (5, 0)
