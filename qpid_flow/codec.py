@@ -525,9 +525,10 @@ def _encode_bool(value: Any) -> bytes:
 # --- what a JMS selector reads ------------------------------------------------------------------
 
 
-def selector_fields(buf: bytes) -> dict[str, Any]:
+def selector_fields(buf: bytes, arrived: float | None = None) -> dict[str, Any]:
     """Every scalar application property by name, plus the JMS header identifiers a selector
-    may use, from the AMQP fields the AMQP JMS mapping puts them in."""
+    may use, from the AMQP fields the AMQP JMS mapping puts them in. ``arrived``: when the
+    message arrived (seconds since the epoch), if its header's ttl counts (standalone)."""
     try:
         fields = _application_properties(buf)
         header = _header(buf)
@@ -536,6 +537,7 @@ def selector_fields(buf: bytes) -> dict[str, Any]:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
     durable = header[0][0] if header is not None else None
     priority = header[0][1] if header is not None else None
+    ttl = header[0][_TTL] if header is not None else None
     delivery_count = header[0][4] if header is not None else None
     fields["JMSDeliveryMode"] = "PERSISTENT" if durable else "NON_PERSISTENT"
     fields["JMSPriority"] = priority if isinstance(priority, int) else 4
@@ -568,8 +570,14 @@ def selector_fields(buf: bytes) -> dict[str, Any]:
             fields.pop(jms_name, None)
         else:
             fields[jms_name] = shown
-    # JMS: 0 for a message without a timestamp, and for one that does not expire.
+    # JMS: 0 for a message without a timestamp, and for one that does not expire. A ttl
+    # counts from the arrival, in whole milliseconds (through float seconds, an
+    # absolute-expiry-time after 2038 came out a millisecond early).
     fields.setdefault("JMSTimestamp", 0)
+    if arrived is not None and isinstance(ttl, int) and ttl > 0:
+        by_ttl = round(arrived * 1000) + ttl
+        absolute = fields.get("JMSExpiration")
+        fields["JMSExpiration"] = min(by_ttl, absolute) if isinstance(absolute, int) and absolute > 0 else by_ttl
     fields.setdefault("JMSExpiration", 0)
     user = properties["user_id"]
     if isinstance(user, bytes):

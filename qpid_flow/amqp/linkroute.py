@@ -211,6 +211,8 @@ class _Backend:
 class BrokerRouter(Router):
     """The Proton handler of both connections of every client pair (see the module doc)."""
 
+    judges_messages = False  # the broker judges what it is sent
+
     def __init__(
         self,
         config: RouterConfig,

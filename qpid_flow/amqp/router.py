@@ -91,6 +91,10 @@ class _CreditRetry:
 class Router(Handler):
     """Handles every client connection accepted by the listener."""
 
+    # Whether qpid-flow judges a message's encoding (standalone: it is the broker); in
+    # front of a broker, the broker does.
+    judges_messages = True
+
     def __init__(
         self,
         config: RouterConfig,
@@ -531,12 +535,16 @@ class Router(Handler):
             log.debug("consumer_detached", link=consumer.id, address=consumer.address)
 
     def _delete_dynamic_target(self, destination: Destination) -> None:
-        """The link that made a dynamic target went: the node goes, and the consumers
-        attached to it are detached with amqp:resource-deleted."""
-        del self._dynamic_targets[destination.address]
+        """The link that made a dynamic target went: the node goes, and the links attached
+        to it (its consumers, and other producers naming it) are detached with
+        amqp:resource-deleted."""
+        address = destination.address
+        del self._dynamic_targets[address]
+        # Its consumers, and any other producer attached to it by name: their node is gone.
         self._detach_deleted(
-            [link for consumer, link in self._consumers.values() if consumer.address == destination.address],
-            f"{destination.address!r} was deleted with the link that made it",
+            [link for consumer, link in self._consumers.values() if consumer.address == address]
+            + [link for producer, link in self._producers.values() if producer.address == address],
+            f"{address!r} was deleted with the link that made it",
         )
         self.destinations.delete(destination)
         self._destination_gone(destination.address)
@@ -709,6 +717,16 @@ class Router(Handler):
         if not presettled:
             message.origin = delivery
             producer.unsettled += 1
+        if self.judges_messages:
+            # Standalone, qpid-flow is the broker: what no client could decode is refused
+            # before any policy counts it (queued as sent, it made every consumer it was
+            # offered to fail). A transaction it belongs to fails, as for any rejection.
+            try:
+                codec.check_sections(data)
+            except codec.MalformedMessage as exc:
+                refusal = Reject(f"the message cannot be decoded: {exc}", "amqp:decode-error")
+                self._apply_decision(refusal, destination, message)
+                return
         decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
         if self._held and destination.address in self._held and not isinstance(decision, Reject):
             # Transfers held for this address go first, in arrival order: one that arrives

@@ -186,12 +186,11 @@ class Message:
         first use by a consumer with a selector and remembered."""
         if self._selector_fields is None:
             try:
-                self._selector_fields = codec.selector_fields(self.data)
+                # Its header's ttl counts where qpid-flow judges expiry (standalone).
+                arrived = self.arrived if self.expires is not None else None
+                self._selector_fields = codec.selector_fields(self.data, arrived)
             except codec.MalformedMessage:
                 self._selector_fields = {}
-            else:
-                if self.expires is not None:  # its header's ttl counts too, from its arrival
-                    self._selector_fields["JMSExpiration"] = int(self.expires * 1000)
         fields: dict[str, Any] = self._selector_fields
         if self.failed_attempts:
             # The header this delivery will carry (``wire``): raised by the failed attempts

@@ -29,13 +29,10 @@ class StandaloneBackend:
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
         try:
             message.expires, message.properties_at = codec.expiry_and_properties(message.data, message.arrived)
-            codec.check_sections(message.data)
-        except codec.MalformedMessage as exc:
-            # Queued, it went out to consumers as sent, and a client decoding it failed
-            # (Proton's MessagingHandler raised on an empty one), on every connection it was
-            # offered to, and again after each release: refused, as brokers refuse it.
-            done(message, Settlement(Outcome.REJECTED, "amqp:decode-error", f"the message cannot be decoded: {exc}"))
-            return
+        except codec.MalformedMessage:
+            # The router refuses what no client could decode (Router.judges_messages)
+            # before this; what is left is for the consumers to read as sent.
+            message.expires = None
         if message.expires is not None:
             destination.expiring = True
         # A ring keeps the newest messages: make room by dropping the oldest waiting, unless

@@ -305,10 +305,19 @@ def test_a_dynamic_target_lives_as_long_as_its_link(qpid_flow_process: StartRout
         assert receiver.receive(timeout=10).body == "to a node of my own"
         receiver.accept()
         assert _destination(admin, address)["name"] == address
+        responder = BlockingConnection(router.url, timeout=10)
+        other_sender = responder.create_sender(address)  # another producer naming the node
         with pytest.raises(LinkDetached) as detached:  # the receiver's, as the sender closes
             sender.close()
             connection.wait(lambda: False, timeout=5)
         assert "amqp:resource-deleted" in str(detached.value)
+        # The other producer is detached too: it stayed attached to a deleted node (and,
+        # under memory_limit, counted among the producers sharing the room for good).
+        with pytest.raises(LinkDetached) as producer_detached:
+            responder.wait(lambda: False, timeout=5)
+        assert "amqp:resource-deleted" in str(producer_detached.value)
+        assert other_sender.link.state & Endpoint.REMOTE_CLOSED
+        responder.close()
         with pytest.raises(urllib.error.HTTPError) as gone:
             _destination(admin, address)
         assert gone.value.code == 404

@@ -368,6 +368,67 @@ def test_a_transfer_held_for_what_a_transaction_staged_goes_in_at_its_rollback(q
         plain.close()
 
 
+class _UndecodableInTransaction(MessagingHandler, TransactionHandler):
+    """Sends, in one transaction, bytes no client could decode and then a good message,
+    and commits once both have their outcome."""
+
+    def __init__(self, url: str, address: str) -> None:
+        super().__init__(auto_accept=False)
+        self.url, self.address = url, address
+        self.result = ""
+        self.raw: Any = None
+        self.good: Any = None
+
+    def on_start(self, event: Event) -> None:
+        self.connection = event.container.connect(self.url, reconnect=False)
+        self.sender = event.container.create_sender(self.connection, self.address)
+        event.container.declare_transaction(self.connection, handler=self)
+        self.timer = event.container.schedule(TIMEOUT, self)
+
+    def on_timer_task(self, _event: Event) -> None:
+        self.result = "timed out"
+        self.connection.close()
+
+    def on_transaction_declared(self, event: Event) -> None:
+        self.transaction = event.transaction
+        self.raw = self.sender.delivery(b"raw")
+        self.sender.stream(b"\x01\x02garbage")
+        self.sender.advance()
+        self.raw.local.data = [self.transaction.id]
+        self.raw.update(0x34)  # transactional-state: the transfer belongs to the transaction
+        self.good = self.transaction.send(self.sender, Message(body="good"))
+
+    def on_delivery(self, event: Event) -> None:
+        if self.raw is not None and self.raw.remote_state and self.good is not None and self.good.remote_state:
+            self.raw, self.good = None, None
+            self.transaction.commit()
+
+    def on_transaction_committed(self, _event: Event) -> None:
+        self._finish("committed")
+
+    def on_transaction_commit_failed(self, event: Event) -> None:
+        condition = event.delivery.remote.condition
+        self._finish(f"commit failed: {condition.name if condition else None}")
+
+    def _finish(self, result: str) -> None:
+        self.result = result
+        self.timer.cancel()
+        self.connection.close()
+
+
+def test_a_transaction_with_a_message_no_client_could_decode_fails(qpid_flow_process: StartRouter) -> None:
+    """Outside a transaction such bytes are rejected with amqp:decode-error. Inside one they
+    were accepted and staged, the commit went through, and the message was dropped
+    without a word when the commit forwarded it. Now the transfer is rejected at once and
+    the transaction cannot commit: nothing of it goes in."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(extra_args=["--admin", admin])
+    client = _UndecodableInTransaction(router.url, "tx.undecodable")
+    Container(client).run()
+    assert client.result == "commit failed: amqp:transaction:rollback"
+    assert stats(admin, "tx.undecodable")["depth"] == 0
+
+
 def _send_plain(router: RouterProcess, address: str, count: int) -> None:
     connection = BlockingConnection(router.url, timeout=10)
     try:

@@ -259,8 +259,16 @@ def test_jms_expiration_counts_the_ttl_from_arrival() -> None:
     from qpid_flow.core.model import Message as Queued
 
     queued = Queued(encode(address="q", ttl=600, body="x"), "q")
-    queued.expires = 1_000_000.5  # as the standalone backend sets it: arrival + ttl
-    assert queued.selector_fields()["JMSExpiration"] == 1_000_000_500
+    queued.arrived = 1_000_000.5
+    queued.expires = queued.arrived + 600  # as the standalone backend sets it: arrival + ttl
+    assert queued.selector_fields()["JMSExpiration"] == 1_000_600_500
+    # An absolute-expiry-time sooner than the ttl wins, to the millisecond (after 2038 too).
+    data = encode(address="q", ttl=600, expiry_time=2186113046.062, body="x")  # 2186113046061 on the wire
+    on_the_wire = codec.properties_field(data, "absolute_expiry_time")
+    queued = Queued(data, "q")
+    queued.arrived = 2186113000.0
+    queued.expires = on_the_wire / 1000
+    assert queued.selector_fields()["JMSExpiration"] == on_the_wire
 
 
 @pytest.mark.parametrize(

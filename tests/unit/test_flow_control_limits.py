@@ -279,3 +279,19 @@ def test_with_a_100_percent_default_producers_are_held_before_the_max() -> None:
     assert flow.qpid_flow_destination_stats(q)["flowStopped"] is True
     assert hooks.producer_credit(producer=producer, destination=q) == 0
     assert isinstance(arrive(hooks, producer, registry, "q"), Hold), "held, not rejected by the max"
+
+
+def test_the_producers_sharing_the_memory_room_are_counted_out_whatever_became_of_their_destination() -> None:
+    """A producer whose destination was deleted before it left (a dynamic target's node,
+    gone with the link that made it) was not counted out: each such producer shrank every
+    share for good (a review: a lone producer's credit went 51, 26, ... 5)."""
+    hooks, registry, control, _ = flow_rig({}, limit=50 * 1024)
+    fill(registry, "work", 1, size=1000)
+    consume(registry, "work", 1, control.memory)  # memory empty, 1,000-byte messages seen
+    for _ in range(10):
+        gone = attach(registry, "reply")
+        hooks.producer_attached(producer=gone, destination=existing(registry, "reply"))
+        hooks.producer_detached(producer=gone, destination=None)  # its node deleted first
+    lone = attach(registry, "work")
+    hooks.producer_attached(producer=lone, destination=existing(registry, "work"))
+    assert hooks.producer_credit(producer=lone, destination=existing(registry, "work")) == 52  # all of 51,200 bytes

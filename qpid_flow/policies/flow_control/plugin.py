@@ -185,13 +185,15 @@ class Plugin:
             self._wake_soon(destination.address)
 
     @hookimpl
-    def qpid_flow_producer_attached(self, destination: Destination | None) -> None:
-        if destination is not None:
+    def qpid_flow_producer_attached(self, producer: Producer) -> None:
+        if producer.address is not None:
             self._named_producers += 1
 
     @hookimpl
-    def qpid_flow_producer_detached(self, destination: Destination | None) -> None:
-        if destination is not None:
+    def qpid_flow_producer_detached(self, producer: Producer, destination: Destination | None) -> None:
+        # Counted by its address, not its destination: one deleted meanwhile (a dynamic
+        # target whose link went) left the count raised for good, every share smaller.
+        if producer.address is not None:
             self._named_producers = max(0, self._named_producers - 1)
         # The credit it held is free again: whoever went short may have it.
         if self._memory_starved:
