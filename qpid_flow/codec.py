@@ -391,24 +391,35 @@ def expiry_and_properties(buf: bytes, received: float) -> tuple[float | None, in
         absolute = None if properties is None else _list_field(buf, properties, _ABSOLUTE_EXPIRY)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    return _expiry(ttl, absolute, received), properties
+
+
+def _expiry(ttl: Any, absolute: Any, received: float) -> float | None:
+    """When a message received at ``received`` expires (seconds since the epoch), by its
+    header's ttl (ms, from its arrival) and its absolute-expiry-time (ms), whichever is
+    sooner; None if neither says."""
     if isinstance(ttl, int) and ttl > 0:
         if isinstance(absolute, int) and absolute > 0:
-            return min(received + ttl / 1000.0, absolute / 1000.0), properties
-        return received + ttl / 1000.0, properties
+            return min(received + ttl / 1000.0, absolute / 1000.0)
+        return received + ttl / 1000.0
     if isinstance(absolute, int) and absolute > 0:
-        return absolute / 1000.0, properties
-    return None, properties
+        return absolute / 1000.0
+    return None
 
 
-def check_sections(buf: bytes) -> None:
+def check_sections(buf: bytes, received: float = 0.0) -> tuple[float | None, int | None]:
     """Raise MalformedMessage unless ``buf`` is a message a client can decode: at least one
     section, each a described section of the message (header, annotations, properties,
     application-properties, body, footer) in the order AMQP 1.0 3.2 gives them, each
     whole, and nothing after the last. (A message without a body passes: RabbitMQ takes
-    one too.) A walk of the section headers: values are skipped, not decoded."""
+    one too.) A walk of the section headers: values are skipped, not decoded, but the
+    header's ttl and the properties' absolute-expiry-time. Returns what
+    :func:`expiry_and_properties` does, found on the way: standalone reads both for every
+    message, in this one walk."""
     end = len(buf)
     if not end:
         raise MalformedMessage("an empty message: no section at all")
+    ttl = absolute = properties = None
     try:
         pos, last = 0, 0
         while pos < end:
@@ -423,9 +434,15 @@ def check_sections(buf: bytes) -> None:
             if code < last or (code == last and code not in (0x75, 0x76)) or (0x75 <= last < code <= 0x77):
                 raise MalformedMessage(f"section {code:#x} out of order at offset {pos}")
             last = code
+            if code == _HEADER:
+                ttl = _list_field(buf, value_pos, _TTL)
+            elif code == _PROPERTIES:
+                properties = value_pos
+                absolute = _list_field(buf, value_pos, _ABSOLUTE_EXPIRY)
             pos = skip(buf, value_pos)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    return _expiry(ttl, absolute, received), properties
 
 
 _TTL = 2  # in the header's list

@@ -722,7 +722,7 @@ class Router(Handler):
             # before any policy counts it (queued as sent, it made every consumer it was
             # offered to fail). A transaction it belongs to fails, as for any rejection.
             try:
-                codec.check_sections(data)
+                message.expires, message.properties_at = codec.check_sections(data, message.arrived)
             except codec.MalformedMessage as exc:
                 refusal = Reject(f"the message cannot be decoded: {exc}", "amqp:decode-error")
                 self._apply_decision(refusal, destination, message)

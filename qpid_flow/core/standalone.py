@@ -27,12 +27,11 @@ class StandaloneBackend:
         pass
 
     def forward(self, destination: Destination, message: Message, done: OutcomeCallback) -> None:
-        try:
-            message.expires, message.properties_at = codec.expiry_and_properties(message.data, message.arrived)
-        except codec.MalformedMessage:
-            # The router refuses what no client could decode (Router.judges_messages)
-            # before this; what is left is for the consumers to read as sent.
-            message.expires = None
+        if message.properties_at == -1:  # not read yet: the router reads it as it arrives
+            try:
+                message.expires, message.properties_at = codec.expiry_and_properties(message.data, message.arrived)
+            except codec.MalformedMessage:
+                message.expires = None  # the router refuses what no client could decode
         if message.expires is not None:
             destination.expiring = True
         # A ring keeps the newest messages: make room by dropping the oldest waiting, unless
