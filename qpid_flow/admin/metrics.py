@@ -26,7 +26,16 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-__all__ = ["METRICS", "OTHER", "MetricSpec", "RouterCollector", "Snapshot", "registry_for"]
+__all__ = [
+    "METRICS",
+    "OTHER",
+    "MetricSpec",
+    "RouterCollector",
+    "Snapshot",
+    "add_counters",
+    "counter_values",
+    "registry_for",
+]
 
 # The label value destinations past the cardinality limit share.
 OTHER = "_other"
@@ -185,6 +194,17 @@ DESTINATION_METRICS: tuple[MetricSpec, ...] = (
 # The per-destination counters: what _other keeps of the destinations gone from it.
 _COUNTER_KEYS = tuple(spec.key for spec in DESTINATION_METRICS if spec.kind == "counter" and spec.key is not None)
 
+
+def counter_values(record: dict[str, Any]) -> dict[str, float]:
+    """The per-destination counters of a stat record (``Destination.stats``)."""
+    return {key: _number(record[key]) for key in _COUNTER_KEYS if key in record}
+
+
+def add_counters(into: dict[str, float], counters: dict[str, float]) -> None:
+    for key, value in counters.items():
+        into[key] = into.get(key, 0.0) + value
+
+
 ROUTER_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "qpid_flow_build", "info", "qpid-flow's version, Proton's and Python's.", ("version", "proton", "python")
@@ -259,6 +279,10 @@ class Snapshot:
     memory_over: bool
     destinations: list[dict[str, Any]]  # stat records (Destination.stats)
     plugin_errors: dict[str, int] = field(default_factory=dict)
+    # Destinations deleted since the last snapshot: the final counters of those the last
+    # snapshot listed, by name, and the sum of the counters of those it never listed.
+    deleted: dict[str, dict[str, float]] = field(default_factory=dict)
+    deleted_unlisted: dict[str, float] = field(default_factory=dict)
 
 
 def _number(value: Any) -> float:
@@ -287,15 +311,32 @@ class _Labels:
         self._aggregated: dict[str, dict[str, float]] = {}  # name -> its counters, last seen
         self.retired: dict[str, float] = {}  # counters of destinations gone from _other
 
-    def split(self, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The destinations reported by name, and the rest (summed under ``_other``)."""
+    def split(
+        self,
+        records: list[dict[str, Any]],
+        deleted: dict[str, dict[str, float]] | None = None,
+        deleted_unlisted: dict[str, float] | None = None,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The destinations reported by name, and the rest (summed under ``_other``).
+
+        ``deleted``: the final counters of destinations deleted since the last scrape
+        (by name, those it listed); ``deleted_unlisted``: the summed counters of those
+        deleted before any scrape saw them. What either counted since it was last seen
+        stays in ``_other`` (the last values seen alone lost it: a reply queue made and
+        deleted between two scrapes never counted at all)."""
         if self.max_destinations <= 0:
             return records, []
+        add_counters(self.retired, deleted_unlisted or {})
+        for name, final in (deleted or {}).items():
+            if name in self._aggregated:
+                del self._aggregated[name]
+                add_counters(self.retired, final)
+            # One with a label of its own: its series ends with it (not moved into _other).
+            self._named.discard(name)
         present = {str(r.get("name")) for r in records}
         self._named &= present
         for name in set(self._aggregated) - present:
-            for key, value in self._aggregated.pop(name).items():
-                self.retired[key] = self.retired.get(key, 0.0) + value
+            add_counters(self.retired, self._aggregated.pop(name))
         new = [
             r for r in records if str(r.get("name")) not in self._named and str(r.get("name")) not in self._aggregated
         ]
@@ -306,7 +347,7 @@ class _Labels:
         rest = [r for r in records if str(r.get("name")) not in self._named]
         for record in rest:
             name = str(record.get("name"))
-            counted = {key: _number(record[key]) for key in _COUNTER_KEYS if key in record}
+            counted = counter_values(record)
             for key, before in self._aggregated.get(name, {}).items():
                 if counted.get(key, 0.0) < before:
                     # Lower than last time: a destination deleted and made again under the
@@ -338,7 +379,7 @@ class RouterCollector(Collector):
         # would move back and forth.
         with self._lock:
             snapshot = self._take_snapshot()
-            shown, rest = self._labels.split(snapshot.destinations)
+            shown, rest = self._labels.split(snapshot.destinations, snapshot.deleted, snapshot.deleted_unlisted)
             retired = dict(self._labels.retired)
         yield from self._router(snapshot, len(rest))
         yield from self._destinations(shown, rest, retired)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from qpid_flow import __version__
-from qpid_flow.admin.metrics import Snapshot
+from qpid_flow.admin.metrics import Snapshot, add_counters, counter_values
 from qpid_flow.amqp import inventory
 from qpid_flow.config import is_pattern
 from qpid_flow.plugin.manager import PLUGIN_ERRORS
@@ -49,6 +49,21 @@ class Operations:
         self._control = control
         self._router = router
         self._readiness = readiness or (lambda: (True, "ready"))
+        # What the metrics need of destinations deleted between two snapshots (see
+        # Snapshot.deleted): by name if the last snapshot listed them, else summed, so
+        # that what is kept stays bounded when nothing scrapes.
+        self._listed: set[str] = set()
+        self._deleted: dict[str, dict[str, float]] = {}
+        self._deleted_unlisted: dict[str, float] = {}
+        destinations.deletion_listeners.append(self._destination_deleted)
+
+    def _destination_deleted(self, destination: Destination) -> None:
+        final = counter_values(destination.stats())
+        if destination.address in self._listed:
+            # Deleted and made again under its name, more than once between scrapes: all of it.
+            add_counters(self._deleted.setdefault(destination.address, {}), final)
+        else:
+            add_counters(self._deleted_unlisted, final)
 
     def stat(self) -> list[dict[str, Any]]:
         return sorted((d.stats() for d in self._destinations), key=lambda r: r["name"])
@@ -136,6 +151,9 @@ class Operations:
                 upstream["open" if is_open else "opening"] += 1
         records = self.stat()
         destinations = list(self._destinations)
+        deleted, self._deleted = self._deleted, {}
+        deleted_unlisted, self._deleted_unlisted = self._deleted_unlisted, {}
+        self._listed = {str(record["name"]) for record in records}
         return Snapshot(
             version=__version__,
             proton=inventory.PROTON_VERSION,
@@ -153,4 +171,6 @@ class Operations:
             memory_over=memory.over,
             destinations=records,
             plugin_errors=dict(PLUGIN_ERRORS),
+            deleted=deleted,
+            deleted_unlisted=deleted_unlisted,
         )

@@ -33,6 +33,9 @@ class Destinations:
         # router-wide totals must not go down when a destination goes.
         self.retired_in = 0
         self.retired_out = 0
+        # Called with each destination deleted, after its last counts (the metrics keep
+        # what a deleted destination counted since their last scrape).
+        self.deletion_listeners: list[Callable[[Destination], None]] = []
 
     def policy_for(self, address: str) -> DestinationPolicy:
         return resolve_policy(self.policies, address, self._config.base_policy())
@@ -72,6 +75,8 @@ class Destinations:
         del self._by_address[destination.address]
         self.retired_in += destination.enqueued_total
         self.retired_out += destination.delivered_total
+        for listener in self.deletion_listeners:
+            listener(destination)
         self._hooks.destination_deleted(destination=destination)
         return dropped
 

@@ -23,6 +23,7 @@ from proton import ConnectionException, Message
 from proton.reactor import Container
 from proton.utils import BlockingConnection
 
+from qpid_flow.admin.metrics import OTHER
 from qpid_flow.security.users import UsersFile
 
 from .clients import Consumer, Producer, make_message, run_all, start, unique
@@ -136,6 +137,41 @@ def test_metrics_follow_a_flood_past_stop_and_a_drain(qpid_flow_process: StartRo
     assert of(samples, "qpid_flow_destination_messages_rejected_total", name) == 0
     assert samples[("qpid_flow_messages_in_total", ())] >= 960
     assert samples[("qpid_flow_messages_out_total", ())] >= 960
+
+
+def test_other_keeps_what_a_destination_counted_after_the_last_scrape(qpid_flow_process: StartRouter) -> None:
+    """With room for one name, B is summed under _other. B is scraped once (5 enqueued),
+    then its 5 are delivered and acknowledged, and it is forgotten as idle before the
+    next scrape; C is made, used and forgotten between two scrapes. _other keeps both:
+    what a deleted destination counted went with it (delivered 0 for B, nothing for C)."""
+    admin = f"127.0.0.1:{free_port()}"
+    keeper, summed, unseen = unique("keeper"), unique("summed"), unique("unseen")
+    config = (
+        f'metrics_max_destinations = 1\ndestination_idle_timeout = "1s"\n[destinations."{keeper}"]\nmax_count = 100\n'
+    )
+    router = qpid_flow_process(config_text=config, extra_args=["--admin", admin])
+    assert of(scrape(admin), "qpid_flow_destination_depth_messages", keeper) == 0  # the one label: keeper's
+    run_all(Producer(router.url, summed, [make_message("p", i) for i in range(5)]))
+    samples = scrape(admin)
+    assert of(samples, "qpid_flow_destination_messages_enqueued_total", OTHER) == 5
+    assert of(samples, "qpid_flow_destination_messages_delivered_total", OTHER) == 0
+    consumer = Consumer(router.url, summed, count=5)
+    run_all(consumer)
+    producer = Producer(router.url, unseen, [make_message("q", i) for i in range(3)])
+    run_all(producer)
+    run_all(Consumer(router.url, unseen, count=3))
+
+    def both_forgotten() -> bool:
+        status, body = _get(admin, "/v1/destinations")
+        names = {d["name"] for d in json.loads(body)["destinations"]}
+        return status == 200 and summed not in names and unseen not in names
+
+    wait_for(both_forgotten, 30, "both destinations forgotten as idle")
+    samples = scrape(admin)
+    assert of(samples, "qpid_flow_destination_messages_enqueued_total", OTHER) == 8
+    assert of(samples, "qpid_flow_destination_messages_delivered_total", OTHER) == 8
+    assert of(samples, "qpid_flow_destination_messages_acknowledged_total", OTHER) == 8
+    assert samples[("qpid_flow_messages_out_total", ())] == 8
 
 
 def test_health_and_readiness_standalone(qpid_flow_process: StartRouter) -> None:

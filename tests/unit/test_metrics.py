@@ -147,3 +147,28 @@ def test_other_s_counters_keep_a_destination_made_again_under_its_name() -> None
     assert other_enqueued() == 1000
     records[:] = [{**_record("B", 5), "enqueued": 3}, {**_record("A", 1), "enqueued": 1}]
     assert other_enqueued() == 1001
+
+
+def test_a_deleted_destination_s_final_counts_go_to_other_only_if_it_was_summed_there() -> None:
+    """Deleted between two scrapes: A (summed under _other) adds what it counted since it
+    was last seen; B (its own label) ends its own series and adds nothing to _other; C,
+    never scraped, adds all it counted."""
+    snapshots: list[Snapshot] = []
+    registry = registry_for(RouterCollector(lambda: snapshots.pop(0), 1))
+
+    def enqueued() -> dict[str, float]:
+        text = generate_latest(registry).decode()
+        return {
+            sample.labels["destination"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "qpid_flow_destination_messages_enqueued_total"
+        }
+
+    snapshots.append(_snapshot([{**_record("B", 5), "enqueued": 30}, {**_record("A", 1), "enqueued": 100}]))
+    assert enqueued() == {"B": 30, OTHER: 100}
+    gone = _snapshot([])
+    gone.deleted = {"A": {"enqueued": 140.0}, "B": {"enqueued": 35.0}}
+    gone.deleted_unlisted = {"enqueued": 7.0}
+    snapshots.append(gone)
+    assert enqueued() == {OTHER: 147}
