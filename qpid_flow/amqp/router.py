@@ -686,33 +686,27 @@ class Router(Handler):
             try:
                 address = codec.to_address(data)
             except codec.MalformedMessage as exc:
-                self._refuse_transfer(producer, link, delivery, presettled, "amqp:decode-error", str(exc))
+                self._refuse_transfer(link, delivery, Message(data, "", producer.id), "amqp:decode-error", str(exc))
                 return
             if not address:
+                refused = Message(data, "", producer.id)
                 self._refuse_transfer(
-                    producer,
-                    link,
-                    delivery,
-                    presettled,
-                    "amqp:invalid-field",
-                    "an anonymous-relay transfer needs a 'to' address",
+                    link, delivery, refused, "amqp:invalid-field", "an anonymous-relay transfer needs a 'to' address"
                 )
                 return
             user = user_of(link.connection)
             if not self.access.allows(user, "send", self.acl_name(address)):
-                self._refuse_transfer(
-                    producer, link, delivery, presettled, UNAUTHORIZED, _not_allowed(user, "send", address)
-                )
+                refused = Message(data, address, producer.id)
+                self._refuse_transfer(link, delivery, refused, UNAUTHORIZED, _not_allowed(user, "send", address))
                 return
         destination = self.destination_for(address)
         if destination is None:
-            self._refuse_transfer(producer, link, delivery, presettled, "amqp:not-found", f"no destination {address!r}")
+            refused = Message(data, address, producer.id)
+            self._refuse_transfer(link, delivery, refused, "amqp:not-found", f"no destination {address!r}")
             return
         message = Message(data, destination.address, producer.id)
         if delivery.remote_state == TRANSACTIONAL_STATE and not self._join_transaction(link, delivery, message):
-            self._refuse_transfer(
-                producer, link, delivery, presettled, UNKNOWN_ID, "the transfer names no open transaction"
-            )
+            self._refuse_transfer(link, delivery, message, UNKNOWN_ID, "the transfer names no open transaction")
             return
         if not presettled:
             message.origin = delivery
@@ -781,13 +775,19 @@ class Router(Handler):
             self._apply_decision(failed, destination, message)
 
     def _refuse_transfer(
-        self, producer: Producer, link: Link, delivery: LeanDelivery, presettled: bool, condition: str, description: str
+        self, link: Link, delivery: LeanDelivery, message: Message, condition: str, description: str
     ) -> None:
+        """The router itself refuses a transfer (no such destination, not allowed, not
+        decodable, no 'to', no such transaction): rejected, told to plugins as any outcome
+        (``message.address`` is the address named, or "" if it names none)."""
         log.info("transfer_refused", condition=condition, description=description)
-        if not presettled:
-            apply_settlement(delivery, Settlement(Outcome.REJECTED, condition, description))
+        producer: Producer = kept(link, "qf_producer")
+        settlement = Settlement(Outcome.REJECTED, condition, description)
+        if not delivery.settled:
+            apply_settlement(delivery, settlement)
         else:
             delivery.settle()
+        self.hooks.transfer_settled(producer=producer, message=message, settlement=settlement)
         # The transfer spent credit like any other: top it up as a settlement does, or a
         # window of refused transfers would leave the link with none for good.
         self._grant(producer, link, ask=False)

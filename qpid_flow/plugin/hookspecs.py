@@ -363,13 +363,16 @@ def qpid_flow_transfer_settled(producer: Producer, message: Message, settlement:
     :func:`qpid_flow_settlement_delay`), then its credit may be asked again.
 
     Also called for a pre-settled transfer once its outcome is known (the producer is told
-    nothing); not called when the producer went away first.
+    nothing); not called when the producer went away first. Called too for a transfer the
+    router refuses before any destination or policy sees it (no such destination, not
+    allowed, not decodable, no ``to``, no such transaction): then ``message.address`` is
+    the address it named, or ``""`` if it named none.
 
     :param producer: the link the transfer came on.
     :param message: the message.
     :param settlement: the outcome the producer was given (the broker's, the standalone
-        destination's, a policy's rejection, or ``released`` for a held transfer whose
-        transaction was rolled back).
+        destination's, a policy's or the router's rejection, or ``released`` for a held
+        transfer whose transaction was rolled back).
     """
 
 

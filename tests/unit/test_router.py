@@ -858,6 +858,53 @@ def test_credit_spent_on_refused_transfers_is_given_back() -> None:
     assert sender.credit > 0, "the producer was left with no credit at all"
 
 
+class SettledTransfers:
+    """Records what plugins are told of producers' outcomes: (address, outcome, condition)."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str, str | None]] = []
+
+    @hookimpl
+    def qpid_flow_transfer_settled(self, message: Any, settlement: Settlement) -> None:
+        self.told.append((message.address, settlement.outcome.value, settlement.condition))
+
+
+def test_transfers_the_router_refuses_are_told_to_plugins_as_settled() -> None:
+    """The event log writes transfer_settled from this hook: a transfer refused before it
+    reached a destination (no such destination, not allowed, no 'to') was rejected to its
+    producer and never told, and the log missed it."""
+    told = SettledTransfers()
+    rig = Rig(
+        {
+            "auto_create": False,
+            "destinations": {"orders": {}},
+            "acl": [{"user": "alice", "send": ["orders", "nowhere"]}],
+        },
+        plugins=[told],
+    )
+    alice = rig.connect("alice", user="alice")
+    relay = alice.attach_sender(None)
+    outcomes = alice.send(
+        relay,
+        order(1, address="orders"),
+        order(2, address="nowhere"),
+        order(3, address="invoices"),
+        order(4),
+    )
+    assert [d.remote.condition.name if d.remote.condition else None for d in outcomes] == [
+        None,
+        "amqp:not-found",
+        "amqp:unauthorized-access",
+        "amqp:invalid-field",
+    ]
+    assert told.told == [
+        ("orders", "accepted", None),
+        ("nowhere", "rejected", "amqp:not-found"),
+        ("invoices", "rejected", "amqp:unauthorized-access"),
+        ("", "rejected", "amqp:invalid-field"),
+    ]
+
+
 def test_the_acl_refuses_links_and_anonymous_relay_transfers_the_user_may_not_make() -> None:
     """alice may send to and receive from 'orders' only: her attach to 'invoices' is refused
     with amqp:unauthorized-access, as is an anonymous-relay transfer of hers to 'invoices';
