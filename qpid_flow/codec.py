@@ -364,6 +364,17 @@ def _header(buf: bytes) -> tuple[list[Any], int] | None:
     return fields, end
 
 
+def delivery_count(buf: bytes) -> int:
+    """The header's ``delivery-count`` (0 when absent or not a number): how many earlier
+    deliveries failed, as the broker that sent the message counted them."""
+    try:
+        header = _header(buf)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    count = header[0][4] if header is not None else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
+
+
 def expiry_time(buf: bytes, received: float) -> float | None:
     """When the message expires, in seconds since the epoch: the header's ``ttl``
     (milliseconds, counted from ``received``, when it arrived here) or the properties'

@@ -873,7 +873,11 @@ class BrokerRouter(Router):
         if route.consumer is not None and route.destination is not None:
             route.destination.mirrored.discard(route)
             route.consumer = None
-        route.sent.clear()  # unsettled upstream: the broker gets them back on detach
+        # Unsettled upstream: the broker gets them back on detach. Counted released, and
+        # told to plugins (the event log's settle, consumer null) as a queue tells them.
+        for _delivery, _upstream, message in route.sent.values():
+            self._counted_out(route, message, _RELEASED)
+        route.sent.clear()
         self._release_pending(route)
 
     @staticmethod
@@ -893,15 +897,16 @@ class BrokerRouter(Router):
         return self.destinations.get(self._node(address).name)
 
     def _node(self, address: str) -> Node:
+        dialect = self.dialect
+        if dialect is None and self._group_reader.dialect is not None:
+            # No client has reached the broker yet, but qpid-flow's reader has: an
+            # operator's /queue/X must name X before the first client connects. What was
+            # looked up before is forgotten: it was taken as given.
+            dialect = self.dialect = self._group_reader.dialect
+            self._nodes.clear()
+            log.info("broker_dialect", dialect=dialect.name)
         node = self._nodes.get(address)
         if node is None:
-            dialect = self.dialect
-            if dialect is None and self._group_reader.dialect is not None:
-                # No client has reached the broker yet, but qpid-flow's reader has: an
-                # operator's /queue/X must name X before the first client connects.
-                dialect = self.dialect = self._group_reader.dialect
-                self._nodes.clear()
-                log.info("broker_dialect", dialect=dialect.name)
             node = dialect.node(address) if dialect is not None else Node(address, True)
             if len(self._nodes) >= _NODE_CACHE_SIZE:
                 self._nodes.clear()  # one-off addresses must not pile up
@@ -1180,6 +1185,11 @@ class BrokerRouter(Router):
         if destination is None or consumer is None:
             return None
         message = Message(data, destination.address)
+        # As the broker counts it: 1 the first time, 1 + the failed deliveries it saw since.
+        try:
+            message.delivery_count = 1 + codec.delivery_count(data)
+        except codec.MalformedMessage:
+            message.delivery_count = 1
         self.hooks.message_enqueued(destination=destination, message=message)
         self.hooks.message_delivered(destination=destination, message=message, consumer=consumer)
         return message

@@ -35,6 +35,7 @@ from proton import (
     ulong,
 )
 
+from qpid_flow import hookimpl
 from qpid_flow.amqp.linkroute import BrokerRouter
 from qpid_flow.amqp.upstream import GroupReader as UpstreamGroupReader
 from qpid_flow.brokers import BrokerAddress
@@ -85,13 +86,15 @@ class Pair:
     broker: End
 
 
-def _builtin_hooks(config: RouterConfig) -> Hooks:
+def _builtin_hooks(config: RouterConfig, plugins: list[Any] | None = None) -> Hooks:
     """The built-in policies only (an installed plugin is not BrokerRouter's business), set
-    up as server.py does."""
+    up as server.py does; and ``plugins``, the test's own."""
     pm = build_plugin_manager([])
     for name, _plugin in list(pm.list_name_plugin()):
         if name not in BUILTIN_PLUGINS or name == "events":
             pm.unregister(name=name)
+    for plugin in plugins or []:
+        pm.register(plugin)
     Hooks(pm).configure(config=config, manager=pm)
     return Hooks(pm)
 
@@ -104,9 +107,10 @@ class Rig:
     group_reader: StubGroupReader = field(default_factory=StubGroupReader)
     collector: Collector = field(default_factory=Collector)  # qpid-flow's, for all its connections
     pairs: list[Pair] = field(default_factory=list)
+    plugins: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        hooks = _builtin_hooks(self.config)
+        hooks = _builtin_hooks(self.config, self.plugins)
         memory = MemoryMeter()
         self.destinations = Destinations(self.config, hooks, memory)
         self.router = BrokerRouter(
@@ -842,6 +846,55 @@ def test_a_consumer_detach_is_passed_on_and_answered_as_the_broker_answers(rig: 
     assert rig.group_reader.calls == []
 
 
+class SettledMessages:
+    """Records what plugins hear of mirrored consumers' messages."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, int, str | None]] = []
+
+    @hookimpl
+    def qpid_flow_message_delivered(self, message: Fetched) -> None:
+        self.heard.append(("delivered", message.delivery_count, None))
+
+    @hookimpl
+    def qpid_flow_message_settled(self, message: Fetched, consumer: Any, settlement: Any) -> None:
+        self.heard.append(("settled", message.delivery_count, f"{settlement.outcome.value} by {consumer}"))
+
+
+def test_a_consumer_gone_with_messages_unsettled_tells_plugins_they_went_back() -> None:
+    """Its connection lost with a message unsettled: the broker gets it back, and plugins
+    (the event log's settle) hear it released by nobody, as a standalone queue tells them.
+    (They heard nothing: the log had its deliver and no settle.) The broker's second
+    delivery of it is delivery 2, as its header says."""
+    heard = SettledMessages()
+    rig = Rig(config=build_config({"broker": BROKER.url, "default_max_size": 0}), plugins=[heard])
+    pair = open_pair(rig)
+    session, _ = begin(rig, pair)
+    receiver, at_broker = consumer(rig, pair, session)
+    receiver.flow(5)
+    rig.pump()
+    send(at_broker, encoded(1), "b1")
+    rig.pump()
+    receive(receiver)
+    assert heard.heard == [("delivered", 1, None)]
+    pair.client.transport.close_head()  # the client's connection dropped
+    pair.client.transport.close_tail()
+    rig.pump()
+    assert heard.heard == [("delivered", 1, None), ("settled", 1, "released by None")]
+    orders = rig.destinations.find("orders")
+    assert orders is not None and orders.released == 1
+
+    again = open_pair(rig, "client-2")
+    session, _ = begin(rig, again)
+    receiver, at_broker = consumer(rig, again, session)
+    receiver.flow(5)
+    rig.pump()
+    redelivered = Message(body=1, delivery_count=1)
+    send(at_broker, redelivered.encode(), "b2")
+    rig.pump()
+    assert heard.heard[-1] == ("delivered", 2, None)
+
+
 def grouped_rig() -> Rig:
     return Rig(
         config=build_config({"broker": BROKER.url, "destinations": {"orders": {"shared_groups": True}}}),
@@ -1165,6 +1218,19 @@ def test_an_operator_s_rabbitmq_address_is_mapped_before_any_client_connects(how
         rig.group_reader.dialect = RABBITMQ
     operations = Operations(rig.destinations, cast(Any, None), rig.router)
     assert operations.add_destination("/queue/rt", {"max_count": 100})["name"] == "rt"
+
+
+def test_an_address_looked_up_before_the_dialect_was_known_is_mapped_once_it_is() -> None:
+    """broker_dialect = "auto": until the broker is reached names are taken as given, and
+    once the reader has reached it /queue/qq is qq. (The name looked up first stayed
+    cached as given for good, while any other /queue/X was mapped.)"""
+    from qpid_flow.core.dialect import RABBITMQ
+
+    rig = Rig(config=build_config({"broker": BROKER.url, "broker_dialect": "auto"}))
+    assert rig.router.destination_name("/queue/qq") == "/queue/qq"
+    rig.group_reader.dialect = RABBITMQ
+    assert rig.router.destination_name("/queue/qq") == "qq"
+    assert rig.router.destination_name("/queue/other") == "other"
 
 
 @pytest.mark.parametrize(
