@@ -387,9 +387,11 @@ class BrokerRouter(Router):
         client = pair.client
         if client.state & Endpoint.LOCAL_CLOSED:
             return
-        if not broker_reachable:
+        # A TCP connect alone says yes to a proxy (HAProxy) whose broker is gone; the
+        # reader's own connection, lost too by then, says no.
+        if not broker_reachable or not self._group_reader.connected:
             self._close_client(pair, Condition(_FORCED, "the broker connection was lost"), "broker_lost")
-            self._broker_lost()
+            self.broker_lost()
             return
         log.info("connection_dropped_upstream", connection=pair.id, broker=pair.broker.redacted)
         transport = client.transport
@@ -397,9 +399,12 @@ class BrokerRouter(Router):
             transport.close_tail()
             transport.close_head()
 
-    def _broker_lost(self) -> None:
+    def broker_lost(self) -> None:
         """The broker is gone: the depths qpid-flow counted in it are not known any more
-        (:meth:`Destination.broker_lost`)."""
+        (:meth:`Destination.broker_lost`). Told by a client's pair whose broker connection
+        dropped and whose broker a connect does not reach, and by the reader's probe
+        connection when it is lost (a broker stopped cleanly closes every connection with
+        a close frame; with no client connected there is no pair to tell)."""
         lowered = []
         for destination in self.destinations:
             depth = destination.depth

@@ -82,6 +82,7 @@ class Server(Handler):
                 self.destinations,
                 on_link_failed=lambda *failure: self.router.upstream_link_failed(*failure),
                 on_holders_lost=lambda address, consumer_ids: self.router.reader_lost_for(address, consumer_ids),
+                on_broker_lost=lambda: self.router.broker_lost(),
             )
             self.router = BrokerRouter(config, self.hooks, self.destinations, self.group_reader, self.memory)
         self.router.container_id = self.container.container_id

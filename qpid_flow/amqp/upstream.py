@@ -121,6 +121,9 @@ class _ReaderConnection(Handler):
         # (address, consumer ids): the connection went while those consumers held messages
         # it fetched, unsettled (they must not go on as if they could still settle them).
         self._on_holders_lost = on_holders_lost
+        # Called when this connection, once open, is lost (set on the probe only: the
+        # broker is gone, or unreachable, as far as qpid-flow can tell).
+        self.on_lost: Callable[[], None] | None = None
         self._connection: Connection | None = None
         self.connected = False
         self.closing = False
@@ -238,6 +241,8 @@ class _ReaderConnection(Handler):
             return
         if was_connected:
             log.warning("upstream_disconnected", broker=self._brokers[self._broker_index].redacted, reads=self.reads)
+            if self.on_lost is not None:
+                self.on_lost()
         self._schedule_reconnect(proved_itself)
 
     def _proved_itself(self) -> bool:
@@ -473,8 +478,13 @@ class GroupReader:
         on_link_failed: Callable[[str, bool, Condition | None], None],
         on_holders_lost: Callable[[str, set[int]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_broker_lost: Callable[[], None] | None = None,
     ) -> None:
         self._container = container
+        # The probe's connection, once open, was lost: the broker is gone (stopped, killed,
+        # or behind a proxy that still takes connections), whether clients are connected
+        # or not (their own connections may be closed cleanly, or not at all yet).
+        self._on_broker_lost = on_broker_lost
         self._new_connection = functools.partial(
             _ReaderConnection, container, config, destinations, on_link_failed, on_holders_lost, clock
         )
@@ -484,6 +494,7 @@ class GroupReader:
 
     def start(self) -> None:
         self._probe = self._new_connection()
+        self._probe.on_lost = self._on_broker_lost
         self._probe.start()
 
     @property

@@ -499,3 +499,41 @@ def test_messages_a_consumer_holds_unsettled_still_count_against_the_broker_back
         time.sleep(0.1)
     record = router.stat(name)
     assert (record["depth"], record["flowStopped"]) == (0, False), record
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped cleanly"])
+def test_a_broker_lost_with_no_client_connected_restarts_the_depth(fresh_rabbitmq, qpid_flow_process, how) -> None:
+    """A destination stopped at depth 11 (flow_stop_count 10) in front of RabbitMQ; every
+    client gone; the broker is lost (killed, or stopped as a service restart stops it) and
+    comes back with the non-durable queue empty. The depth restarts from what qpid-flow
+    holds (none), and a new producer gets credit again. (It read 11, flowStopped, for good:
+    only a client's dropped connection told qpid-flow the broker was gone, and there was
+    none; a clean stop closes them with a close frame.) No depth plugin: the docs promise
+    this without one."""
+    name = unique("lost")
+    admin = f"127.0.0.1:{free_port()}"
+    config = (
+        'disable_plugins = ["rabbitmq_depth"]\nreconnect_max_delay = "1s"\n'
+        f'[destinations."{name}"]\nmax_count = 100\nflow_stop_count = 10\nflow_resume_count = 5\n'
+    )
+    process = qpid_flow_process(broker_url=fresh_rabbitmq.url, config_text=config, extra_args=["--admin", admin])
+    router = Router(process, admin)
+    # Its twelfth transfer is held: it gives up after 5 s, and its connection goes.
+    producer = Producer(router.url, name, [make_message("p", i) for i in range(12)], timeout=5)
+    threads = start(producer)
+    wait_until(lambda: router.stat_if_any(name).get("flowStopped") is True, 30)
+    assert router.stat(name)["depth"] == 11
+    for thread in threads:
+        thread.join(30)
+    wait_until(lambda: router.stat(name)["producers"] == 0, 30)
+    if how == "killed":
+        fresh_rabbitmq.kill()
+    else:
+        fresh_rabbitmq._halt_server(graceful_timeout=30)
+    wait_until(lambda: router.stat(name)["depth"] == 0, 30)
+    assert router.stat(name)["flowStopped"] is False
+    fresh_rabbitmq.restart()
+    again = Producer(router.url, name, [make_message("q", i) for i in range(3)], timeout=120, reconnect=0.5)
+    run_all(again)
+    assert again.error is None, again.error
+    assert Counter(again.outcomes.values()) == {"accepted": 3}

@@ -59,6 +59,7 @@ class StubGroupReader:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.dialect: Dialect | None = None  # the broker's, once the reader has reached it
+        self.connected = True  # its probe's connection is open
 
     def consumer_attached(self, destination: Destination, durability: int = 0) -> None:
         self.calls.append(("consumer_attached", destination.address))
@@ -1133,6 +1134,22 @@ def test_consumers_reading_the_broker_are_detached_when_groups_are_turned_on_at_
     assert receiver.remote_condition.name == "amqp:link:detach-forced"
     assert at_broker.state & Endpoint.REMOTE_CLOSED
     assert not orders.mirrored
+
+
+def test_a_broker_behind_a_proxy_that_still_takes_connections_is_lost_all_the_same(rig: Rig) -> None:
+    """A proxy (HAProxy) in front of a broker that is gone takes TCP connections: the
+    connect says reachable, but the reader's own connection is lost too, so the client is
+    closed with amqp:connection:forced. (It was dropped bare, as for one connection the
+    broker dropped on purpose.)"""
+    rig.router.probe = lambda broker, on_result: on_result(True)
+    pair = open_pair(rig)
+    rig.group_reader.connected = False
+    pair.broker.transport.close_head()
+    pair.broker.transport.close_tail()
+    rig.pump()
+    client = pair.client.connection
+    assert client.state & Endpoint.REMOTE_CLOSED
+    assert client.remote_condition.name == "amqp:connection:forced"
 
 
 def test_a_broker_lost_restarts_the_depths_qpid_flow_counted_in_it(rig: Rig) -> None:

@@ -530,8 +530,8 @@ def test_in_front_of_a_broker_a_link_the_credit_policy_failed_for_is_asked_again
     flaky = FlakyCredit(failures=1)
     builtin = test_linkroute._builtin_hooks
 
-    def with_flaky(config: RouterConfig) -> Any:
-        pm = builtin(config).pm
+    def with_flaky(config: RouterConfig, plugins: list[Any] | None = None) -> Any:
+        pm = builtin(config, plugins).pm
         pm.register(flaky, name="flaky")
         return Hooks(pm)
 
