@@ -226,7 +226,8 @@ def qpid_flow_destination_stats(destination: Destination) -> dict[str, Any] | No
     admin endpoint, each metrics scrape): the fields this plugin adds to it.
 
     Every implementation is called and the dicts are merged into the record. If one
-    raises, the record goes without plugins' fields that time.
+    raises, or answers something other than a dict, the record goes without that
+    plugin's fields that time.
 
     :param destination: the destination.
     :return: a dict of camelCase fields to add, or None.
@@ -439,7 +440,8 @@ def qpid_flow_consumer_select(
 
     The built-in answers: message groups give a free group to the consumer owning the
     fewest groups, then to the one with the most credit; otherwise consumers take turns
-    (round robin, the pass-through policy). If a plugin raises, the message waits.
+    (round robin, the pass-through policy). If a plugin raises, or answers anything but
+    one of ``consumers``, a ``Hold`` or None, the message waits.
 
     :param destination: where the message waits.
     :param message: the message at hand.

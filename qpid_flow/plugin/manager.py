@@ -23,7 +23,7 @@ import os
 import types
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import pluggy
@@ -175,13 +175,17 @@ CREDIT_AFTER_FAILURE: Final[int] = _NoCredit(0)
 
 
 class _AnswerRule(NamedTuple):
-    """What a question hook's non-None answer must be: the data path relies on its type."""
+    """What a question hook's non-None answer (or each answer a collected notification
+    returns) must be: the data path relies on it."""
 
-    valid: Callable[[Any], bool]
+    valid: Callable[..., bool]  # the answer, then the hook's ``arguments``
     expected: str  # for the log
     # When the answer is valid if and only if it is an instance of one of these: the
     # compiled caller checks it inline (a function call costs more, once per message).
     types: tuple[type, ...] = ()
+    # The hook's arguments ``valid`` also takes, after the answer: an answer valid only
+    # among what the hook was given (one of the consumers offered).
+    arguments: tuple[str, ...] = ()
 
 
 def _is_decision(answer: Any) -> bool:
@@ -194,11 +198,29 @@ def _is_credit(answer: Any) -> bool:
     return isinstance(answer, int) and not isinstance(answer, bool) and answer >= 0
 
 
+def _is_selection(answer: Any, consumers: list[Consumer]) -> bool:
+    # The very consumer offered (identity: one detached since, or merely equal, is not),
+    # or a Hold. Once per message handed out: a plain loop, no generator.
+    for consumer in consumers:
+        if consumer is answer:
+            return True
+    return isinstance(answer, Hold)
+
+
+def _is_mapping(answer: Any) -> bool:
+    return isinstance(answer, Mapping)
+
+
 _ANSWER_RULES: dict[str, _AnswerRule] = {
     "qpid_flow_transfer_arrived": _AnswerRule(
         _is_decision, "Admit(), Hold(...), Reject(...) or None", (Admit, Hold, Reject)
     ),
     "qpid_flow_producer_credit": _AnswerRule(_is_credit, "a non-negative int or None"),
+    "qpid_flow_consumer_select": _AnswerRule(
+        _is_selection, "one of the consumers offered, Hold(...) or None", arguments=("consumers",)
+    ),
+    # Collected: a wrong answer is left out of the statistics record, the others' are kept.
+    "qpid_flow_destination_stats": _AnswerRule(_is_mapping, "a dict or None", (Mapping,)),
 }
 
 
@@ -230,8 +252,10 @@ def _caller_source(
 
     ``mode``: ``"first"`` (the first non-None answer, else None; an implementation that
     raises ends the call with ``failed(i)``, the safest answer), ``"collect"`` (the list of
-    non-None answers) or ``"notify"`` (nothing). ``check``: an expression of ``result``; a
-    first answer is returned only if it holds, else ``refused(i, result)``."""
+    non-None answers) or ``"notify"`` (nothing). ``check``: an expression of ``result`` (and
+    of the hook's arguments); a first answer is returned only if it holds, else
+    ``refused(i, result)``; a collected answer is kept only if it holds, else left out
+    with ``refused(i, result)``."""
     lines = [f"def call(*, {', '.join(spec_args)}):" if spec_args else "def call():"]
     if mode == "collect":
         lines.append("    results = []")
@@ -244,7 +268,11 @@ def _caller_source(
             lines += [f"        return failed({index})", "    if result is not None:", f"        return {answer}"]
         elif mode == "collect":
             lines += [f"        failed({index})", "    else:", "        if result is not None:"]
-            lines.append("            results.append(result)")
+            if check:
+                lines += [f"            if {check}:", "                results.append(result)"]
+                lines += ["            else:", f"                refused({index}, result)"]
+            else:
+                lines.append("            results.append(result)")
         else:
             lines.append(f"        failed({index})")
     lines.append("    return results" if mode == "collect" else "    return None")
@@ -266,7 +294,7 @@ def _compiled(caller: Any, mode: str, fallback: Any) -> Callable[..., Any] | Non
         return None
     hook = caller.name
     names = [impl.plugin_name for impl in impls]
-    rule = _ANSWER_RULES.get(hook) if mode == "first" else None
+    rule = _ANSWER_RULES.get(hook) if mode != "notify" else None
 
     def failed(index: int) -> Any:
         _plugin_raised(hook, names[index])
@@ -281,7 +309,7 @@ def _compiled(caller: Any, mode: str, fallback: Any) -> Callable[..., Any] | Non
     check = None
     if rule is not None:
         namespace.update(valid=rule.valid, answer_types=rule.types)
-        check = "isinstance(result, answer_types)" if rule.types else "valid(result)"
+        check = "isinstance(result, answer_types)" if rule.types else f"valid({', '.join(('result', *rule.arguments))})"
     source = _caller_source(tuple(caller.spec.argnames), [tuple(impl.argnames) for impl in impls], mode, check)
     exec(compile(source, f"<qpid_flow hook caller {hook}>", "exec"), namespace)
     function: Callable[..., Any] = namespace["call"]
@@ -332,23 +360,31 @@ def _shielded(
         return impl
     function = impl.function
     plugin = impl.plugin_name
+    # The rule's arguments come after the implementation's own (pluggy passes them: see
+    # below), for the rule only.
+    arity = len(impl.argnames) if rule is not None and rule.arguments else None
 
     @functools.wraps(function)  # pluggy reads the arguments to pass from the wrapped function
     def shielded(*args: Any) -> Any:
+        own = args if arity is None else args[:arity]
         try:
-            answer = function(*args)
+            answer = function(*own)
         except Exception as exc:
             if refusals is not None and isinstance(exc, ConfigError):
                 refusals.append(exc)
             else:
                 _plugin_raised(hook, plugin)
             return fallback
-        if answer is not None and rule is not None and not rule.valid(answer):
+        if answer is not None and rule is not None and not rule.valid(answer, *args[len(own) :]):
             _plugin_answered_wrong(hook, plugin, answer)
             return fallback
         return answer
 
-    return pluggy.HookImpl(impl.plugin, plugin, shielded, impl.opts)
+    shield = pluggy.HookImpl(impl.plugin, plugin, shielded, impl.opts)
+    if rule is not None and rule.arguments:
+        # pluggy passes each implementation the arguments named here, in this order.
+        setattr(shield, "argnames", (*impl.argnames, *rule.arguments))  # noqa: B010 (Final in pluggy's types)
+    return shield
 
 
 def _culprit(error: BaseException, impls: Iterable[pluggy.HookImpl]) -> str | None:
@@ -389,22 +425,40 @@ class _ThroughPluggy:
         if self._mode == "notify":
             return None
         rule = _ANSWER_RULES.get(hook)
-        if self._mode == "first" and answer is not None and rule is not None and not rule.valid(answer):
-            # Each implementation's answer was checked: a wrapper replaced it.
-            _plugin_answered_wrong(hook, ", ".join(i.plugin_name for i in impls if i.wrapper or i.hookwrapper), answer)
+        if rule is None or answer is None:
+            return answer
+        # Each implementation's answer was checked: a wrapper replaced it.
+        arguments = [kwargs[name] for name in rule.arguments]
+        if self._mode == "first":
+            if rule.valid(answer, *arguments):
+                return answer
+            _plugin_answered_wrong(hook, _wrappers(impls), answer)
             return self._fallback
-        return answer
+        kept: list[Any] = []
+        for one in answer if isinstance(answer, list) else [answer]:
+            if one is None:
+                continue
+            if rule.valid(one, *arguments):
+                kept.append(one)
+            else:
+                _plugin_answered_wrong(hook, _wrappers(impls), one)
+        return kept
 
     def _shield(self, impl: pluggy.HookImpl) -> pluggy.HookImpl:
         shield = self._shields.get(impl)
         if shield is None:
             hook = self._caller.name
-            if self._mode == "first":
-                shield = _shielded(impl, hook, self._fallback, _ANSWER_RULES.get(hook))
-            else:  # None: pluggy goes on to the next implementation
-                shield = _shielded(impl, hook, None)
+            # A notification's fallback is None: pluggy goes on to the next implementation
+            # (a collected answer refused is left out).
+            fallback = self._fallback if self._mode == "first" else None
+            shield = _shielded(impl, hook, fallback, _ANSWER_RULES.get(hook))
             self._shields[impl] = shield
         return shield
+
+
+def _wrappers(impls: Iterable[pluggy.HookImpl]) -> str:
+    """The plugins wrapping a call (one of them replaced an answer)."""
+    return ", ".join(impl.plugin_name for impl in impls if impl.wrapper or impl.hookwrapper)
 
 
 def refusable(caller: Any) -> Callable[..., None]:

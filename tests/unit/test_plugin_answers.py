@@ -1,0 +1,203 @@
+"""Answers the router cannot use are refused like an exception, naming the plugin: a
+consumer selection that is neither a ``Hold`` nor one of the ``consumers`` offered (the
+message waits), and statistics that are not a mapping (the record goes without them).
+
+Before, a string or a consumer not offered (one that has since detached) made the
+dispatch raise inside the unrelated producer's transfer, and a list of statistics made
+every statistics record, the admin endpoint and the metrics fail. No Proton here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Mapping
+from typing import Any
+
+import pytest
+import structlog
+
+from qpid_flow import hookimpl
+from qpid_flow.config import DestinationPolicy
+from qpid_flow.core.destination import Destination
+from qpid_flow.core.model import Consumer, Hold, Message
+from qpid_flow.plugin.manager import PLUGIN_ERRORS, Hooks, build_plugin_manager
+from qpid_flow.testing import make_consumer
+
+# How the facade calls hooks: compiled for the plugins registered (the default), through
+# pluggy (QPID_FLOW_TRACE_HOOKS), and compiled but with a wrapper among the implementations.
+CALLING = ["compiled", "through-pluggy", "with-a-wrapper"]
+
+SELECT = "qpid_flow_consumer_select"
+STATS = "qpid_flow_destination_stats"
+
+
+class Wrapper:
+    """A plugin wrapping the hooks at hand (new-style pluggy wrapper): it passes answers on."""
+
+    @hookimpl(wrapper=True)
+    def qpid_flow_consumer_select(self) -> Generator[None, Any, Any]:
+        return (yield)
+
+    @hookimpl(wrapper=True)
+    def qpid_flow_destination_stats(self) -> Generator[None, Any, Any]:
+        return (yield)
+
+
+def hooks_with(*plugins: object, calling: str = "compiled") -> Hooks:
+    """The built-ins and ``plugins`` (named by class, registered last: asked first)."""
+    pm = build_plugin_manager(installed=False)
+    if calling == "with-a-wrapper":
+        pm.register(Wrapper(), name="wrapper")
+    for plugin in plugins:
+        pm.register(plugin, name=type(plugin).__name__.lower())
+    return Hooks(pm, through_pluggy=calling == "through-pluggy")
+
+
+def plugin_errors(logs: Iterable[Mapping[str, Any]]) -> list[tuple[str, str | None, str | None]]:
+    return [(e["hook"], e.get("plugin"), e.get("answer")) for e in logs if e["event"] == "plugin_error"]
+
+
+# --- consumer selection ----------------------------------------------------------------------
+
+
+class Selects:
+    """Answers ``consumer_select`` with what it is given (None: no opinion)."""
+
+    def __init__(self, answer: object = None) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def qpid_flow_consumer_select(self, consumers: list[Consumer]) -> object:
+        return self.answer
+
+
+# Each a fresh one per test: "gone" is a consumer attached once, detached since (never offered).
+WRONG_SELECTIONS = [
+    pytest.param(lambda: "consumer-1", id="str"),
+    pytest.param(lambda: make_consumer(credit=5, name="gone"), id="consumer-not-offered"),
+    pytest.param(lambda: 1, id="int"),
+    pytest.param(lambda: True, id="bool"),
+]
+
+
+@pytest.mark.parametrize("calling", CALLING)
+@pytest.mark.parametrize("wrong", WRONG_SELECTIONS)
+def test_a_selection_that_is_no_consumer_offered_holds_the_message_naming_plugin_and_answer(
+    calling: str, wrong: Callable[[], object]
+) -> None:
+    answer = wrong()
+    hooks = hooks_with(Selects(answer), calling=calling)
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    offered = [make_consumer(credit=1, name="a"), make_consumer(credit=1, name="b")]
+    before = PLUGIN_ERRORS[SELECT]
+    with structlog.testing.capture_logs() as logs:
+        choice = hooks.consumer_select(destination=destination, message=Message(b"x", "q"), consumers=offered)
+    assert isinstance(choice, Hold), "the message waits, as when the plugin raises"
+    assert plugin_errors(logs) == [(SELECT, "selects", repr(answer))]
+    assert PLUGIN_ERRORS[SELECT] == before + 1
+
+
+@pytest.mark.parametrize("calling", CALLING)
+def test_a_selection_among_the_consumers_offered_or_a_hold_passes_as_it_is(calling: str) -> None:
+    offered = [make_consumer(credit=1, name="a"), make_consumer(credit=1, name="b")]
+    hold = Hold("my reason")
+    for answer in (offered[1], hold):
+        hooks = hooks_with(Selects(answer), calling=calling)
+        destination = Destination("q", DestinationPolicy.of(), hooks)
+        with structlog.testing.capture_logs() as logs:
+            choice = hooks.consumer_select(destination=destination, message=Message(b"x", "q"), consumers=offered)
+        assert choice is answer
+        assert plugin_errors(logs) == []
+
+
+@pytest.mark.parametrize("calling", CALLING)
+@pytest.mark.parametrize("wrong", WRONG_SELECTIONS)
+def test_a_wrong_selection_leaves_the_message_waiting_and_the_transfer_unharmed(
+    calling: str, wrong: Callable[[], object]
+) -> None:
+    """The dispatch a producer's transfer triggers: it used to raise (AttributeError,
+    KeyError) into the producer's connection, or hand the message to a detached consumer."""
+    answer = wrong()
+    hooks = hooks_with(Selects(answer), calling=calling)
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    consumer = make_consumer(credit=5, name="attached")
+    destination.add_consumer(consumer)
+    with structlog.testing.capture_logs() as logs:
+        destination.enqueue(Message(b"x", "q"))  # dispatches: no exception
+    assert len(destination.queue) == 1, "the message waits"
+    assert not consumer.held
+    assert not getattr(answer, "held", None), "nothing went to a consumer that was not offered"
+    assert consumer.credit == 5
+    assert (SELECT, "selects", repr(answer)) in plugin_errors(logs)
+
+
+def test_with_no_opinion_the_consumers_take_turns() -> None:
+    hooks = hooks_with(Selects(None))
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    consumers = [make_consumer(credit=1, name="a"), make_consumer(credit=1, name="b")]
+    for consumer in consumers:
+        destination.add_consumer(consumer)
+    with structlog.testing.capture_logs() as logs:
+        destination.enqueue(Message(b"x", "q"))
+        destination.enqueue(Message(b"y", "q"))
+    assert [len(c.held) for c in consumers] == [1, 1]
+    assert plugin_errors(logs) == []
+
+
+def test_a_wrapper_replacing_the_selection_with_a_wrong_one_is_named() -> None:
+    class Replaces:
+        @hookimpl(wrapper=True)
+        def qpid_flow_consumer_select(self) -> Generator[None, Any, Any]:
+            yield
+            return "not a consumer"
+
+    hooks = hooks_with(Replaces())
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    offered = [make_consumer(credit=1)]
+    with structlog.testing.capture_logs() as logs:
+        choice = hooks.consumer_select(destination=destination, message=Message(b"x", "q"), consumers=offered)
+    assert isinstance(choice, Hold)
+    assert plugin_errors(logs) == [(SELECT, "replaces", repr("not a consumer"))]
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+class ListStats:
+    @hookimpl
+    def qpid_flow_destination_stats(self) -> object:
+        return ["not", "a", "dict"]
+
+
+class GoodStats:
+    @hookimpl
+    def qpid_flow_destination_stats(self) -> dict[str, Any]:
+        return {"goodField": 7}
+
+
+@pytest.mark.parametrize("calling", CALLING)
+def test_statistics_that_are_no_mapping_are_left_out_naming_plugin_and_answer(calling: str) -> None:
+    hooks = hooks_with(GoodStats(), ListStats(), calling=calling)
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    before = PLUGIN_ERRORS[STATS]
+    with structlog.testing.capture_logs() as logs:
+        record = destination.stats()  # raised ValueError: every GET /v1/destinations and /metrics failed
+    assert record["name"] == "q"
+    assert record["goodField"] == 7, "the other plugins' fields are kept"
+    assert "flowStoppedCount" in record, "the built-ins' fields are kept"
+    assert plugin_errors(logs) == [(STATS, "liststats", repr(["not", "a", "dict"]))]
+    assert PLUGIN_ERRORS[STATS] == before + 1
+
+
+def test_a_wrapper_replacing_the_statistics_with_wrong_ones_is_named() -> None:
+    class Replaces:
+        @hookimpl(wrapper=True)
+        def qpid_flow_destination_stats(self) -> Generator[None, Any, Any]:
+            answers = yield
+            return [*answers, ("not", "a", "dict")]
+
+    hooks = hooks_with(GoodStats(), Replaces())
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    with structlog.testing.capture_logs() as logs:
+        record = destination.stats()
+    assert record["goodField"] == 7
+    assert plugin_errors(logs) == [(STATS, "replaces", repr(("not", "a", "dict")))]
