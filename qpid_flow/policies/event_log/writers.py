@@ -27,6 +27,9 @@ Two formats, both with docs/events.md's field names:
 Faults cost the batches they hit, never the log: a failed write cuts the stream back to
 its last complete batch (:meth:`_OpenStream.append`), JSON lines reopen their file, and a
 stream that cannot be converted is set aside (``.bad``) rather than refusing the start.
+A file taken away under the writer (deleted, its folder with it, or moved aside) is made
+again at the next batch: each sink compares, once per batch, what its path names with the
+file it holds open (:func:`_file_gone`).
 """
 
 from __future__ import annotations
@@ -237,7 +240,6 @@ class JsonLinesSink:
         self.run = run
         self.max_bytes = max_bytes
         self.backups = backups
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO
         self._size = 0
         self._open()
@@ -246,7 +248,9 @@ class JsonLinesSink:
     def _open(self) -> None:
         """Open ``path`` to append to it. A last line cut short (a crash or a full disk in
         the middle of a write) is ended first: the next record would be glued to it
-        otherwise, and lost with it."""
+        otherwise, and lost with it. Its folder is made if it is not there (again: deleted
+        under the writer)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         file = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
         try:
             if file.tell() and not _ends_with_newline(self.path):
@@ -286,6 +290,12 @@ class JsonLinesSink:
     def write(self, batch: Batch) -> None:
         if self._file.closed:
             self._open()  # an earlier write or rotation failed: try again, with this batch
+        elif reason := _file_gone(self.path, self._file.fileno()):
+            # Deleted or moved aside under the writer: written on, the records would go to a
+            # file no one can read, for ever (as WatchedFileHandler, open the path again).
+            log.warning("event_log_file_gone", path=str(self.path), reason=reason)
+            _close_quietly(self._file)
+            self._open()
         lines = self._lines(batch)
         try:
             self._append(lines)
@@ -346,6 +356,23 @@ class JsonLinesSink:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _file_gone(path: Path, descriptor: int) -> str | None:
+    """Why ``path`` no longer names the file open as ``descriptor``: ``"deleted"`` (the file
+    or its folder), ``"replaced"`` (moved aside, another file or none in its place); None if
+    it still does, or if that cannot be told (the file is written on). Two system calls:
+    made once per batch, not per record."""
+    try:
+        named = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "deleted"
+    except OSError:
+        return None
+    opened = os.fstat(descriptor)
+    if (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino):
+        return "replaced"
+    return None
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -412,14 +439,16 @@ def _record_batches(batch: Batch, run: str) -> list[Any]:
 
 def stream_batches(path: Path) -> list[Any]:
     """The record batches of an Arrow IPC stream up to its end, or to a torn tail (a crash
-    mid-write) or a corrupt batch, which is left out with everything after it. Raises
-    FileNotFoundError for a stream that has gone (its writer finished it meanwhile)."""
+    mid-write) or a corrupt batch, which is left out with everything after it; none for a
+    stream whose head cannot be read. Raises FileNotFoundError for a stream that has gone
+    (its writer finished it meanwhile)."""
     return _read_stream(path)[0]
 
 
 def _read_stream(path: Path) -> tuple[list[Any], str | None]:
     """:func:`stream_batches`, and what was wrong with the batch it stopped at if that one
-    was corrupt (a torn tail is how a crashed run's stream ends, not a fault)."""
+    was corrupt, or with the stream's head if it cannot be opened (a torn tail is how a
+    crashed run's stream ends, not a fault; nor is a head its writer never finished)."""
     pa = _arrow()
     # Memory-mapped: the batches point into the file rather than being copied (a segment
     # is read back whole when it becomes Parquet).
@@ -427,8 +456,10 @@ def _read_stream(path: Path) -> tuple[list[Any], str | None]:
     batches: list[Any] = []
     try:
         reader = pa.ipc.open_stream(source)
-    except (pa.ArrowInvalid, OSError):
-        return batches, None  # empty, or cut short before its schema
+    except (pa.ArrowInvalid, OSError) as exc:
+        if _never_flushed(source):
+            return batches, None  # empty: its writer died before or during its first flush
+        return batches, f"stream head: {exc}"  # damaged, or no Arrow stream: not to be deleted
     with reader:
         while (batch := _next_batch(reader)) is not None:
             try:
@@ -439,6 +470,28 @@ def _read_stream(path: Path) -> tuple[list[Any], str | None]:
                 return batches, f"batch {len(batches) + 1}: {exc}"
             batches.append(batch)
     return batches, None
+
+
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+@functools.cache
+def _schema_message() -> bytes:
+    """What a segment's stream starts with: the schema's IPC message (written with the first
+    batch)."""
+    return bytes(arrow_schema().serialize().to_pybytes())
+
+
+def _never_flushed(source: Any) -> bool:
+    """Whether the stream ``source``, which cannot be opened, holds no more than the start of
+    what its writer writes first: the schema message, or, for a segment given up at its
+    first batch (:meth:`_OpenStream.append`), the end-of-stream marker alone. Anything else
+    (damaged bytes, a file that is no Arrow stream) may hold what someone wants back."""
+    size = int(source.size())
+    if size >= len(_schema_message()):
+        return False
+    head = bytes(source.read_at(size, 0)) if size else b""
+    return _schema_message().startswith(head) or _END_OF_STREAM.startswith(head)
 
 
 def _next_batch(reader: Any) -> Any | None:
@@ -466,12 +519,16 @@ def _write_parquet(batches: list[Any], target: Path) -> None:
         raise
 
 
-def _to_parquet(stream: Path) -> Path:
-    """Rewrite a segment's stream as Parquet, then delete the stream. A stream with a
-    corrupt batch is kept, renamed ``.bad``, beside the Parquet of the batches before it:
-    nothing after a corrupt batch can be read reliably. Raises FileNotFoundError, writing
-    nothing, for a stream that has gone."""
+def _to_parquet(stream: Path) -> Path | None:
+    """Rewrite a segment's stream as Parquet, then delete the stream; return the Parquet
+    file. A stream with a corrupt batch is kept, renamed ``.bad``, beside the Parquet of
+    the batches before it: nothing after a corrupt batch can be read reliably. One with
+    nothing readable before its fault (a damaged head) is only kept so, and None returned.
+    Raises FileNotFoundError, writing nothing, for a stream that has gone."""
     batches, corrupt = _read_stream(stream)
+    if corrupt is not None and not batches:
+        _quarantine(stream, corrupt)
+        return None
     target = stream.with_suffix(".parquet")
     _write_parquet(batches, target)
     if corrupt is None:
@@ -582,6 +639,7 @@ class _OpenStream:
             os.close(self.lock)
             raise
         self.broken = False  # written after a torn batch it could not cut off: to be finished
+        self.events = 0  # how many it holds
 
     def append(self, record_batches: list[Any]) -> int:
         """Write ``record_batches``; return the stream's size. If a write fails part-way (a
@@ -649,7 +707,10 @@ class SegmentSink:
             return
         # Built before the file is touched: a value Arrow refuses fails here, writing nothing.
         record_batches = _record_batches(batch, self.run)
+        if self._stream is not None and (reason := _file_gone(self._stream.path, self._stream.lock)):
+            self._abandon(reason)
         if self._stream is None:
+            self.folder.mkdir(parents=True, exist_ok=True)  # again, if it was deleted under the writer
             self._stream = _OpenStream(self.folder / f"events-{self.run}-{self._index + 1:05d}.arrows")
             self._index += 1
         try:
@@ -658,6 +719,7 @@ class SegmentSink:
             if self._stream.broken:
                 self._finish()  # what it holds up to the torn batch; the next batch opens a new segment
             raise
+        self._stream.events += len(batch)
         if self.max_bytes and size >= self.max_bytes:
             self._finish()
 
@@ -665,9 +727,13 @@ class SegmentSink:
         """Close the open segment and rewrite it as Parquet. If that fails (a full disk),
         the stream is left, unlocked, for the next start on the folder to convert: its
         events are on disk, so the failure is logged, not raised."""
-        stream, self._stream = self._stream, None
+        stream = self._stream
         if stream is None:
             return
+        if reason := _file_gone(stream.path, stream.lock):
+            self._abandon(reason)
+            return
+        self._stream = None
         try:
             stream.close()
             _to_parquet(stream.path)
@@ -676,6 +742,18 @@ class SegmentSink:
         finally:
             stream.release()
         self._prune()
+
+    def _abandon(self, reason: str) -> None:
+        """Give up the open segment, whose stream was taken from the folder (deleted, with
+        the folder maybe, or moved aside): its records went with it. Logged once, with
+        their number; the next batch starts a new segment (in the folder made again)."""
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return
+        log.warning("event_log_file_gone", path=str(stream.path), reason=reason, lost_events=stream.events)
+        with contextlib.suppress(Exception):
+            stream.close()
+        stream.release()
 
     def _prune(self) -> None:
         if not self.backups:
