@@ -8,6 +8,7 @@ reads. pika objects are not thread-safe: a reader belongs to the one thread that
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -20,6 +21,19 @@ __all__ = ["BrokerUnavailable", "DepthReader", "PikaDepthReader"]
 log = structlog.get_logger(__name__)
 
 NOT_FOUND = 404
+
+
+class QuietNotFound(logging.Filter):
+    """Drops pika's warning for a channel the broker closed with 404: a passive declare of
+    a queue that does not exist (yet) answers so, the reader takes it as no backlog, and
+    pika's warning came every read, for as long as the address was known (every 2 s for a
+    producer's ``/amq/queue/X`` that was never declared). Other closes stay logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Channel.Close (404)" not in record.getMessage()
+
+
+_PIKA_CHANNEL_LOG = logging.getLogger("pika.channel")
 
 
 class BrokerUnavailable(Exception):
@@ -58,6 +72,8 @@ class PikaDepthReader:
 
     @classmethod
     def from_parameters(cls, params: pika.connection.Parameters) -> PikaDepthReader:
+        if not any(isinstance(f, QuietNotFound) for f in _PIKA_CHANNEL_LOG.filters):
+            _PIKA_CHANNEL_LOG.addFilter(QuietNotFound())
         return cls(lambda: pika.BlockingConnection(params))
 
     def __call__(self, queue: str) -> int | None:

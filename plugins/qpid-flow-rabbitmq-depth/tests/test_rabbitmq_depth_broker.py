@@ -175,3 +175,14 @@ def test_the_plugin_thread_delivers_a_real_backlog(rabbitmq: Broker) -> None:
         ch.queue_delete(queue=name)
         ch.connection.close()
     assert not [t for t in threading.enumerate() if t.name == "qpid-flow-rabbitmq-depth"]
+
+
+def test_a_queue_that_does_not_exist_is_read_without_a_warning_each_time(
+    reader: PikaDepthReader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A producer's /amq/queue/X that was never declared is read every interval: pika
+    logged a warning for each read's 404 (every 2 s, for as long as X was known)."""
+    caplog.set_level("WARNING")
+    for _ in range(3):
+        assert reader(unique("never")) == 0
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("pika")] == []
