@@ -26,6 +26,8 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from qpid_flow.plugin import hookspecs
+
 __all__ = [
     "METRICS",
     "OTHER",
@@ -193,6 +195,17 @@ DESTINATION_METRICS: tuple[MetricSpec, ...] = (
 )
 # The per-destination counters: what _other keeps of the destinations gone from it.
 _COUNTER_KEYS = tuple(spec.key for spec in DESTINATION_METRICS if spec.kind == "counter" and spec.key is not None)
+
+
+def _hook_names() -> frozenset[str]:
+    return frozenset(
+        name
+        for name, spec in vars(hookspecs).items()
+        if name.startswith("qpid_flow_") and hasattr(spec, "qpid_flow_spec")
+    )
+
+
+_HOOKS = _hook_names()
 
 
 def counter_values(record: dict[str, Any]) -> dict[str, float]:
@@ -416,8 +429,11 @@ class RouterCollector(Collector):
         yield gauge("qpid_flow_memory_limit_bytes", s.memory_limit)
         yield gauge("qpid_flow_memory_over_limit", 1 if s.memory_over else 0)
         errors = CounterMetricFamily("qpid_flow_plugin_errors", specs["qpid_flow_plugin_errors"].help, labels=["hook"])
-        for hook, count in sorted(s.plugin_errors.items()):
-            errors.add_metric([hook], count)
+        # Every hook from the first scrape, at 0 until it fails: a series that first shows
+        # up at 1 is no increase to Prometheus, and increase() > 0 (the alert, the panel)
+        # missed each hook's first error.
+        for hook in sorted(_HOOKS | s.plugin_errors.keys()):
+            errors.add_metric([hook], s.plugin_errors.get(hook, 0))
         yield errors
         yield gauge("qpid_flow_destinations", len(s.destinations))
         yield gauge("qpid_flow_metrics_destinations_aggregated", aggregated)

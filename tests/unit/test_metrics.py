@@ -172,3 +172,17 @@ def test_a_deleted_destination_s_final_counts_go_to_other_only_if_it_was_summed_
     gone.deleted_unlisted = {"enqueued": 7.0}
     snapshots.append(gone)
     assert enqueued() == {OTHER: 147}
+
+
+def test_every_hook_has_a_plugin_errors_series_from_the_first_scrape() -> None:
+    """At 0 until its first error: a series that first appears at 1 is no increase to
+    Prometheus, and the documented alert (increase(...[5m]) > 0) missed each hook's first
+    plugin error."""
+    samples = _samples([])
+    errors = {
+        labels[0][1]: value for (name, labels), value in samples.items() if name == "qpid_flow_plugin_errors_total"
+    }
+    assert errors["qpid_flow_producer_credit"] == 2  # the snapshot's one error
+    assert errors["qpid_flow_message_enqueued"] == 0
+    assert errors["qpid_flow_transfer_arrived"] == 0
+    assert len(errors) >= 20
