@@ -83,9 +83,15 @@ class TimeAxis:
         axis.set_xlim(-pad, self.width + pad)
         short = self.segments[-1][1] - self.segments[0][0] < 86400
         fmt = "%H:%M:%S" if short else "%m-%d %H:%M"
+        # Under a minute of activity the ticks are a fraction of a second apart: labels in
+        # whole seconds repeated ("02:13:17" three times, none of them at .000).
+        fine = self.width < 60
 
         def label(x: float, _pos: int) -> str:
-            return datetime.fromtimestamp(self.ts(x), UTC).strftime(fmt)
+            if x < 0 or x > self.width:
+                return ""  # the padding: ts() would clamp it to the first or last instant
+            moment = datetime.fromtimestamp(self.ts(x), UTC)
+            return moment.strftime(fmt) + (f".{moment.microsecond // 1000:03d}" if fine else "")
 
         axis.xaxis.set_major_locator(MaxNLocator(nbins=8))
         axis.xaxis.set_major_formatter(FuncFormatter(label))

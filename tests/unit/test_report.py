@@ -539,6 +539,28 @@ def test_the_time_axis_cuts_idle_gaps_and_keeps_real_times() -> None:
     plt.close(figure)
 
 
+def test_the_ticks_of_a_short_run_read_distinct_times_and_none_in_the_padding() -> None:
+    """Three seconds of activity starting at a fraction of a second: the tick labels were
+    whole seconds, repeated ("02:13:17" three times, none at .000), and the ticks in the
+    padding past the data repeated the last instant's time."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from qpid_flow.analytics.plots import TimeAxis
+
+    base = 1_780_000_000.295
+    axis_of_run = TimeAxis([(base, base + 3.0)])
+    figure, axis = plt.subplots()
+    axis_of_run.style(axis)
+    figure.canvas.draw()
+    labels = [(tick.get_loc(), tick.label1.get_text()) for tick in axis.xaxis.get_major_ticks()]
+    shown = [text for x, text in labels if text]
+    assert len(shown) == len(set(shown)) >= 3, labels
+    assert all(text == "" for x, text in labels if x < 0 or x > axis_of_run.width), labels
+    assert all(len(text.rsplit(".", 1)[-1]) == 3 for text in shown), shown
+    plt.close(figure)
+
+
 def test_a_session_leaves_no_scratch_folder_behind(tmp_path: Path) -> None:
     # Every report (and every test session) used to leave a qpid-flow-spark-* folder in /tmp.
     script = (
