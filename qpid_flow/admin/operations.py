@@ -50,16 +50,16 @@ class Operations:
         self._router = router
         self._readiness = readiness or (lambda: (True, "ready"))
         # What the metrics need of destinations deleted between two snapshots (see
-        # Snapshot.deleted): by name if the last snapshot listed them, else summed, so
-        # that what is kept stays bounded when nothing scrapes.
-        self._listed: set[str] = set()
+        # Snapshot.deleted): by name if the last snapshot listed them, else summed. Kept
+        # from the first snapshot on: without metrics a deletion costs nothing more (it
+        # reads the destination's statistics, plugins' included).
+        self._listed: set[str] | None = None
         self._deleted: dict[str, dict[str, float]] = {}
         self._deleted_unlisted: dict[str, float] = {}
-        destinations.deletion_listeners.append(self._destination_deleted)
 
     def _destination_deleted(self, destination: Destination) -> None:
         final = counter_values(destination.stats())
-        if destination.address in self._listed:
+        if self._listed is not None and destination.address in self._listed:
             # Deleted and made again under its name, more than once between scrapes: all of it.
             add_counters(self._deleted.setdefault(destination.address, {}), final)
         else:
@@ -151,6 +151,8 @@ class Operations:
                 upstream["open" if is_open else "opening"] += 1
         records = self.stat()
         destinations = list(self._destinations)
+        if self._listed is None:
+            self._destinations.deletion_listeners.append(self._destination_deleted)
         deleted, self._deleted = self._deleted, {}
         deleted_unlisted, self._deleted_unlisted = self._deleted_unlisted, {}
         self._listed = {str(record["name"]) for record in records}
