@@ -33,7 +33,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from cproton import PN_RELEASED, pn_link_credit
+from cproton import (
+    PN_RELEASED,
+    pn_connection_remote_desired_capabilities,
+    pn_connection_remote_offered_capabilities,
+    pn_link_credit,
+)
 from proton import Array, Condition, Endpoint, Handler, Link, SymbolList, Terminus
 
 from qpid_flow import codec
@@ -53,6 +58,7 @@ from qpid_flow.amqp.router import (
     Router,
     _answer_filters,
     _connection_ids,
+    peer_capabilities,
     selector_in_force,
     user_of,
 )
@@ -265,6 +271,10 @@ class BrokerRouter(Router):
         if pair is None:
             return
         if conn == pair.client:
+            # Capabilities that are not symbols are refused here: they failed qpid-flow's
+            # handler writing the upstream open (amqp:internal-error).
+            if self.refuse_bad_capabilities(conn):
+                return  # the upstream connection closes with it (on_connection_local_close)
             if not self.admit_connection(conn):
                 self.pairs.discard(pair)
                 _close(pair.upstream, None)
@@ -274,8 +284,8 @@ class BrokerRouter(Router):
             upstream.container = conn.remote_container
             upstream.hostname = conn.remote_hostname
             upstream.properties = _relayable(conn.remote_properties)
-            upstream.offered_capabilities = _symbols(conn.remote_offered_capabilities)
-            desired = [c for c in _symbol_list(conn.remote_desired_capabilities) if c != ANONYMOUS_RELAY]
+            upstream.offered_capabilities = _symbols(_offered(conn))
+            desired = [c for c in _desired(conn) if c != ANONYMOUS_RELAY]
             upstream.desired_capabilities = SymbolList(desired) if desired else None
             # Each side asks for the keep-alive the other asked for, so a silent client is
             # dropped when the broker would drop it, and the broker hears from us as often.
@@ -297,11 +307,11 @@ class BrokerRouter(Router):
             log.info("broker_dialect", dialect=self.dialect.name)
         client.container = conn.remote_container
         client.properties = _relayable(conn.remote_properties)
-        offered = _symbol_list(conn.remote_offered_capabilities)
+        offered = _offered(conn)
         if ANONYMOUS_RELAY not in offered:
             offered.append(ANONYMOUS_RELAY)
         client.offered_capabilities = SymbolList(offered)
-        client.desired_capabilities = _symbols(conn.remote_desired_capabilities)
+        client.desired_capabilities = _symbols(_desired(conn))
         client.transport.idle_timeout = _asking_for(conn.transport.remote_idle_timeout)
         client.open()
         self.connections.add(client)
@@ -456,7 +466,7 @@ class BrokerRouter(Router):
         peer: Session | None = kept(session, "qf_peer")
         if peer is None:
             if session.connection == pair.client:
-                if self.refuse_session_over_limit(session):
+                if self.ignores_frames_of(session.connection, "begin") or self.refuse_session_over_limit(session):
                     return
                 peer = pair.upstream.session()
                 peer.incoming_capacity = session.incoming_capacity
@@ -480,6 +490,7 @@ class BrokerRouter(Router):
     def on_session_remote_close(self, event: Event) -> None:
         """As links: the other side is told, and this side answered when it answers."""
         session = event.session
+        self._uncount_session(session, by_client=True)
         peer: Session | None = kept(session, "qf_peer")
         self._links_of_session_gone(session)
         if peer is None or peer.state & Endpoint.LOCAL_CLOSED:
@@ -516,7 +527,7 @@ class BrokerRouter(Router):
             self._broker_answered(link)
         elif not link.state & Endpoint.LOCAL_UNINIT or link.session.state & Endpoint.LOCAL_CLOSED:
             return  # answered already, or on a session qpid-flow refused (its end answers it)
-        elif self.refuse_link_over_limit(link):
+        elif self.ignores_frames_of(link.connection, "attach") or self.refuse_link_over_limit(link):
             return
         elif link.is_receiver:
             self._attach_producer(link)
@@ -1202,6 +1213,7 @@ class BrokerRouter(Router):
     def _client_outcome(self, route: _ConsumerRoute, event: DeliveryEvent) -> None:
         entry = route.sent.get(event.impl)
         if entry is None:
+            self.not_sent_here(event)  # a late outcome, or the client's transfer on its receiving link
             return
         delivery, upstream, message = entry
         settlement = relay_state(delivery, upstream)
@@ -1354,17 +1366,18 @@ def _holds_array(value: Any) -> bool:
     return described is not None and described is not value and _holds_array(described)
 
 
-def _symbol_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    elements = getattr(value, "elements", None)  # proton.Array
-    return [str(v) for v in (elements if elements is not None else value)]
+def _offered(conn: Connection) -> list[str]:
+    """The capabilities ``conn``'s peer offered in its open; none when they are not symbols
+    (a client's are refused then, see ``refuse_bad_capabilities``; a broker's are dropped)."""
+    return list(peer_capabilities(pn_connection_remote_offered_capabilities(conn._impl)) or ())
 
 
-def _symbols(value: Any) -> SymbolList | None:
-    symbols = _symbol_list(value)
+def _desired(conn: Connection) -> list[str]:
+    """As :func:`_offered`, for the desired capabilities."""
+    return list(peer_capabilities(pn_connection_remote_desired_capabilities(conn._impl)) or ())
+
+
+def _symbols(symbols: list[str]) -> SymbolList | None:
     return SymbolList(symbols) if symbols else None
 
 

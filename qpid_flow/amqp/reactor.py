@@ -30,17 +30,21 @@ import logging
 import weakref
 from typing import Any
 
+import structlog
 from cproton import (
     PN_CONNECTION_FINAL,
     PN_CONNECTION_UNBOUND,
     PN_DELIVERY,
     PN_EOS,
     PN_LINK_FLOW,
+    PN_LOCAL_CLOSED,
+    PN_REMOTE_UNINIT,
     PN_TRANSPORT,
     ffi,
     pn_collector_more,
     pn_collector_peek,
     pn_collector_pop,
+    pn_connection_state,
     pn_connection_transport,
     pn_delivery_link,
     pn_event_connection,
@@ -60,7 +64,7 @@ from cproton import (
     pn_transport_pop,
     pn_transport_tick,
 )
-from proton import Event, Transport
+from proton import Condition, Connection, Endpoint, Event, Transport
 from proton._selectable import Selectable
 from proton.handlers import IOHandler
 from proton.reactor import Container
@@ -75,6 +79,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+events = structlog.get_logger(__name__)
+
+FRAMING_ERROR = "amqp:connection:framing-error"
 
 
 _QUIESCED = Event.REACTOR_QUIESCED.number
@@ -238,9 +245,13 @@ class BatchingIOHandler(IOHandler):
         if capacity == PN_EOS and pending == 0:
             # Proton reads no more and has nothing left to send. After a close that is the
             # end (the handlers of this turn already answered it); after input Proton could
-            # not decode (a frame body that is a lone descriptor byte, found by fuzzing) it
-            # stops reading without an error, and nothing would ever end the connection:
-            # its socket would stay half-closed for good. End it here.
+            # not decode (a frame body that is a lone descriptor byte, found by fuzzing) or
+            # could not dispatch (see _refuse_undispatched) it stops reading without an
+            # error, and nothing would ever end the connection: its socket would stay
+            # half-closed for good. End it here, with a close frame first if none went.
+            if self._refuse_undispatched(transport):
+                self._dirty[impl] = transport  # write_changed goes round again: the close goes out
+                return
             transport.close_head()
             IOHandler.update(transport, selectable, now)
             return
@@ -275,6 +286,39 @@ class BatchingIOHandler(IOHandler):
         self._selector.interest(selectable)
         # The selector's deadline is already no later than every other connection's.
         self._selector.lower_deadline(later)
+
+    @staticmethod
+    def _refuse_undispatched(transport: Any) -> bool:
+        """Proton stopped reading a connection it has not closed, without an error of its
+        own: input it could not decode or dispatch (a performative of unknown descriptor,
+        0x99; a SASL frame after the open). It was dropped without a word (a bare TCP
+        close, logged as an ordinary ``connection_closed``); it is closed with
+        ``amqp:connection:framing-error`` now (open first if qpid-flow had not: a close
+        needs an open before it), as a broker closes it, and logged ``connection_error``.
+        True if it was: its close frame is to go out before the end. Not when qpid-flow
+        closed it already: that is the end (the next update ends it); nor before the
+        client's open, which Proton holds any close back for; nor on qpid-flow's own
+        connections to the broker, whose end is handled as the broker's loss (the end goes
+        as it went, for these)."""
+        impl = pn_transport_connection(transport._impl)
+        if impl == _NULL or pn_connection_state(impl) & (PN_LOCAL_CLOSED | PN_REMOTE_UNINIT):
+            return False
+        connection = Connection.wrap(impl)
+        if kept(connection, "qf_remote") is None:
+            return False  # not a client's (the gate hands each client over with its address)
+        description = "a frame qpid-flow cannot read or dispatch (an unknown performative, a SASL frame after the open)"
+        events.warning(
+            "connection_error",
+            connection=kept(connection, "qf_id"),
+            remote=kept(connection, "qf_remote"),
+            condition=FRAMING_ERROR,
+            description=description,
+        )
+        if connection.state & Endpoint.LOCAL_UNINIT:
+            connection.open()
+        connection.condition = Condition(FRAMING_ERROR, description)
+        connection.close()
+        return True
 
     def _flush(self, transport: Any, selectable: Any) -> None:
         """Write what the transport has to send now, instead of waiting a turn for

@@ -17,8 +17,26 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from cproton import pn_link_credit
-from proton import Condition, Endpoint, Handler, Link, ProtonException, SymbolList, Terminus, symbol
+from cproton import (
+    ffi,
+    pn_connection_remote_desired_capabilities,
+    pn_connection_remote_offered_capabilities,
+    pn_link_credit,
+    pn_link_current,
+)
+from proton import (
+    UNDESCRIBED,
+    Array,
+    Condition,
+    Data,
+    Endpoint,
+    Handler,
+    Link,
+    ProtonException,
+    SymbolList,
+    Terminus,
+    symbol,
+)
 
 from qpid_flow import __version__, codec
 from qpid_flow.amqp.coordinator import Coordinator
@@ -66,6 +84,10 @@ log = structlog.get_logger(__name__)
 ANONYMOUS_RELAY = "ANONYMOUS-RELAY"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 UNAUTHORIZED = "amqp:unauthorized-access"
+FRAMING_ERROR = "amqp:connection:framing-error"
+ILLEGAL_STATE = "amqp:illegal-state"
+INVALID_FIELD = "amqp:invalid-field"
+_NULL = ffi.NULL
 _connection_ids = itertools.count(1)
 # What a transfer gets when others to its address are held (whatever a policy answered,
 # short of a rejection): it joins the end of that line.
@@ -152,7 +174,7 @@ class Router(Handler):
             conn.container = self.container_id
             conn.properties = {symbol("product"): "qpid-flow", symbol("version"): __version__}
             conn.offered_capabilities = SymbolList([ANONYMOUS_RELAY])
-            if self._container_id_taken(conn):
+            if self.refuse_bad_capabilities(conn) or self._container_id_taken(conn):
                 return
             conn.open()
             if not self.admit_connection(conn):
@@ -196,6 +218,73 @@ class Router(Handler):
         log.warning("connection_refused", remote=str(conn.url or ""), container=container, reason="container id in use")
         return True
 
+    def refuse_bad_capabilities(self, conn: Connection) -> bool:
+        """Refuse a client's open whose offered or desired capabilities are not what AMQP
+        types them (a symbol, or an array of symbols): closed with ``amqp:invalid-field``
+        naming the field, as a refused open (a ulong there failed qpid-flow's handler,
+        which closed the connection with amqp:internal-error). True if refused."""
+        field = _bad_capabilities(conn)
+        if field is None:
+            return False
+        conn.properties = {**(conn.properties or {}), symbol("amqp:connection-establishment-failed"): True}
+        self.close_for_error(
+            conn,
+            Condition(
+                INVALID_FIELD,
+                f"{field} must be a symbol or an array of symbols",
+                {symbol("invalid-field"): symbol(field)},
+            ),
+        )
+        return True
+
+    def close_for_error(self, conn: Connection, condition: Condition) -> None:
+        """Close a client's connection for the client's own error (a frame out of place or
+        of the wrong role, a field AMQP does not allow, a limit it kept going past), logged
+        once as ``connection_error``, and read nothing more from it, as Proton does for the
+        errors it finds itself: what the client keeps sending (a flood of begins or of
+        transfers) is not taken into memory while it has not heard. Its open is answered
+        first if it was not: a close needs an open before it."""
+        if conn.state & Endpoint.LOCAL_CLOSED:
+            return
+        log.warning(
+            "connection_error",
+            connection=kept(conn, "qf_id"),
+            remote=kept(conn, "qf_remote"),
+            condition=condition.name,
+            description=condition.description,
+        )
+        self._connection_gone(conn)
+        if conn.state & Endpoint.LOCAL_UNINIT:
+            conn.container = self.container_id
+            conn.open()
+        conn.condition = condition
+        conn.close()
+        transport = conn.transport
+        if transport is not None:
+            conn.qf_hung_up = True  # the end of input below is no error of the client's (on_transport_error)
+            # Ending the input makes Proton close with the transport's condition, unless the
+            # close frame is out: it is made now (pending). Proton holds a close back until
+            # the peer's open has come, though: to a client that sent none, the close goes
+            # with this condition ("(connection aborted)" added to its description).
+            transport.condition = condition
+            transport.pending()
+            transport.close_tail()
+
+    def ignores_frames_of(self, conn: Connection, frame: str) -> bool:
+        """Whether a client's begin or attach (``frame``) goes unanswered: qpid-flow closed its
+        connection (what the client sent before it heard is dropped); or the client sent it
+        before its open, which AMQP requires first (1.0 2.4.1), and its connection is closed
+        now with ``amqp:connection:framing-error``. (Such a begin was answered as if the open
+        had come, and the attach after it failed qpid-flow's handler.)"""
+        state = conn.state
+        if state & Endpoint.LOCAL_CLOSED:
+            return True
+        if state & Endpoint.REMOTE_UNINIT:
+            description = f"{frame} before open: the open must be the first frame (AMQP 1.0 2.4.1)"
+            self.close_for_error(conn, Condition(FRAMING_ERROR, description))
+            return True
+        return False
+
     def admit_connection(self, conn: Connection) -> bool:
         """Count a client connection in; over a limit, close it (after its open) and say no."""
         user = user_of(conn)
@@ -212,28 +301,101 @@ class Router(Handler):
 
     def on_session_remote_open(self, event: Event) -> None:
         session = event.session
+        if self.ignores_frames_of(session.connection, "begin"):
+            return
         if session.state & Endpoint.LOCAL_UNINIT and not self.refuse_session_over_limit(session):
             session.open()
 
+    # max_sessions_per_connection and max_links_per_connection are counted per connection
+    # (``qf_sessions``, ``qf_links``), a session or link counted in carrying ``qf_counted``
+    # until either side ends it: a begin or attach costs the same however many came before.
+    # (Each walked every session or link of its connection, refused ones included: 10,000
+    # begins took 172 s to answer, and every other client waited as long.) A refused one
+    # stays in memory until the client ends it, so refused ones the client has not ended are
+    # counted too (``qf_sessions_refused``, ``qf_links_refused``, each carrying
+    # ``qf_refused``): more of them than the limit itself, and the connection is closed with
+    # amqp:resource-limit-exceeded.
+
     def refuse_session_over_limit(self, session: Session) -> bool:
-        """End a client's session past max_sessions_per_connection; True if it was."""
+        """Count a client's session in, or end it past max_sessions_per_connection (or close
+        the connection, see above); True if it was ended."""
         limit = self.config.max_sessions_per_connection
-        if not limit or _admit(session, session.connection.session_head(0), limit):
+        if not limit:
             return False
+        conn = session.connection
+        counted = kept(conn, "qf_sessions") or 0
+        if counted < limit:
+            conn.qf_sessions = counted + 1
+            session.qf_counted = True
+            return False
+        refused = (kept(conn, "qf_sessions_refused") or 0) + 1
+        if refused > limit:
+            description = f"more than {limit} sessions refused and not ended (max_sessions_per_connection = {limit})"
+            self.close_for_error(conn, Condition(RESOURCE_LIMIT, description))
+            return True
+        conn.qf_sessions_refused = refused
+        session.qf_refused = True
         description = f"session limit reached (max_sessions_per_connection = {limit})"
-        log.warning("session_refused", connection=kept(session.connection, "qf_id"), reason=description)
+        log.warning("session_refused", connection=kept(conn, "qf_id"), reason=description)
         session.open()
         session.condition = Condition(RESOURCE_LIMIT, description)
         session.close()
         return True
 
     def refuse_link_over_limit(self, link: Link) -> bool:
-        """Detach a client's link past max_links_per_connection; True if it was."""
+        """Count a client's link in, or detach it past max_links_per_connection (or close the
+        connection, see above); True if it was refused."""
         limit = self.config.max_links_per_connection
-        if not limit or _admit(link, link.connection.link_head(0), limit):
+        if not limit:
             return False
+        conn = link.connection
+        counted = kept(conn, "qf_links") or 0
+        if counted < limit:
+            conn.qf_links = counted + 1
+            link.qf_counted = True
+            return False
+        refused = (kept(conn, "qf_links_refused") or 0) + 1
+        if refused > limit:
+            description = f"more than {limit} links refused and not detached (max_links_per_connection = {limit})"
+            self.close_for_error(conn, Condition(RESOURCE_LIMIT, description))
+            return True
+        conn.qf_links_refused = refused
+        link.qf_refused = True
         self._refuse_link(link, RESOURCE_LIMIT, f"link limit reached (max_links_per_connection = {limit})")
         return True
+
+    def _uncount_session(self, session: Session, by_client: bool) -> None:
+        """A session ended, by the client or by qpid-flow: its place under
+        max_sessions_per_connection is free; a refused one counts no more once the client
+        ended it."""
+        if kept(session, "qf_counted"):
+            session.qf_counted = False
+            conn = session.connection
+            conn.qf_sessions -= 1
+        elif by_client and kept(session, "qf_refused"):
+            session.qf_refused = False
+            conn = session.connection
+            conn.qf_sessions_refused -= 1
+
+    def _uncount_link(self, link: Link, by_client: bool) -> None:
+        """A link ended (as :meth:`_uncount_session`, for max_links_per_connection)."""
+        if kept(link, "qf_counted"):
+            link.qf_counted = False
+            conn = link.connection
+            conn.qf_links -= 1
+        elif by_client and kept(link, "qf_refused"):
+            link.qf_refused = False
+            conn = link.connection
+            conn.qf_links_refused -= 1
+
+    def on_session_local_close(self, event: Event) -> None:
+        self._uncount_session(event.session, by_client=False)
+
+    def on_link_local_close(self, event: Event) -> None:
+        self._uncount_link(event.link, by_client=False)
+
+    def on_link_local_detach(self, event: Event) -> None:
+        self._uncount_link(event.link, by_client=False)
 
     def acl_name(self, address: str) -> str:
         """The name ``[[acl]]`` patterns are matched against for ``address``."""
@@ -255,6 +417,7 @@ class Router(Handler):
 
     def on_session_remote_close(self, event: Event) -> None:
         session = event.session
+        self._uncount_session(session, by_client=True)
         link = session.connection.link_head(0)
         while link is not None:
             if link.session == session:
@@ -272,6 +435,8 @@ class Router(Handler):
     def on_transport_error(self, event: Event) -> None:
         condition = event.transport.condition
         conn = event.connection
+        if conn is not None and kept(conn, "qf_hung_up"):
+            return  # qpid-flow closed it for the client's error and stopped reading: logged then
         log.warning(
             "connection_error",
             connection=getattr(conn, "qf_id", None) if conn else None,
@@ -303,7 +468,7 @@ class Router(Handler):
         link = event.link
         if not link.state & Endpoint.LOCAL_UNINIT or link.session.state & Endpoint.LOCAL_CLOSED:
             return  # answered already, or on a session qpid-flow refused (its end answers it)
-        if self.refuse_link_over_limit(link):
+        if self.ignores_frames_of(link.connection, "attach") or self.refuse_link_over_limit(link):
             return
         if link.is_receiver:
             self._attach_producer(link)
@@ -492,7 +657,7 @@ class Router(Handler):
     def _link_gone(self, link: Link) -> None:
         """Forget a link (idempotent): release what a consumer held, drop a producer,
         roll back what a coordinator link left open."""
-        link.qf_gone = True  # its place under max_links_per_connection is free (_admit)
+        self._uncount_link(link, by_client=True)  # its place under max_links_per_connection is free
         if kept(link, "qf_coordinator"):
             link.qf_coordinator = False
             self.coordinator.controller_gone(link)
@@ -596,12 +761,15 @@ class Router(Handler):
         else:
             consumer = kept(link, "qf_consumer")
             if consumer is None:
+                self.not_sent_here(event)
                 return
             sent = self._sent.get(consumer.id)
             if not sent:
+                self.not_sent_here(event)
                 return
             entry = sent.get(event.impl)
             if entry is None:
+                self.not_sent_here(event)
                 return
             delivery, message = entry
             state = delivery.remote_state
@@ -619,6 +787,31 @@ class Router(Handler):
                     _annotate(destination, message, settlement)
                 destination.settle(consumer, message, settlement)
                 self.backend.demand_changed(destination)
+
+    def not_sent_here(self, event: DeliveryEvent) -> None:
+        """A delivery event on a link qpid-flow sends on, for no delivery it holds there.
+        Either an outcome for one of its own it has forgotten (its consumer went): dropped.
+        Or a transfer the client sent on its own receiving link, which AMQP does not allow
+        (only a link's sender sends transfers, 1.0 2.7.5): they were kept, unsettled and
+        without limit (100,000 of 1 KB: 150 MiB), and Proton makes the first the link's
+        current delivery, which qpid-flow's next transfer on it would have been written
+        into. The connection is closed with ``amqp:illegal-state`` (see
+        :meth:`close_for_error`).
+
+        Told apart by the link's current delivery: Proton makes a new delivery current when
+        the link has none, and qpid-flow advances past each one it sends in the same call
+        (``send_transfer``), so on a link it sends on only the peer's transfer leaves one.
+        The client's delivery is left unsettled: settling it would make Proton send its
+        bytes back to the client as a transfer of qpid-flow's; it goes with the connection.
+        Checked only here, off the path of the outcomes qpid-flow waits for."""
+        if pn_link_current(event.link_impl) == _NULL:
+            return  # an outcome for a delivery qpid-flow forgot
+        link = event.link
+        description = (
+            f"a transfer on link {link.name!r}, where the client is the receiver: only a link's sender "
+            "sends transfers (AMQP 1.0 2.7.5)"
+        )
+        self.close_for_error(link.connection, Condition(ILLEGAL_STATE, description))
 
     def _transactional_outcome(
         self, link: Link, consumer: Consumer, impl: Any, delivery: LeanDelivery, message: Message
@@ -1093,24 +1286,6 @@ def _not_allowed(user: str, direction: Direction, address: str) -> str:
     return f"user {user!r} may not {verb} {address!r}"
 
 
-def _admit(endpoint: Any, first: Any, limit: int) -> bool:
-    """Count ``endpoint`` in if fewer than ``limit`` of its kind (from ``first`` on) are in
-    and not ended; in arrival order, so a burst of begins or attaches is cut at the limit."""
-    count = 0
-    other = first
-    while other is not None:
-        # A detach that does not close leaves a link's state open, as does the end of its
-        # session: the router's own mark (qf_gone) says it is gone.
-        ended = other.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED) or kept(other, "qf_gone")
-        if kept(other, "qf_admitted") and not ended:
-            count += 1
-        other = other.next(0)
-    if count >= limit:
-        return False
-    endpoint.qf_admitted = True
-    return True
-
-
 def selector_in_force(source: Terminus) -> tuple[Selector | None, dict[Any, Any]]:
     """The selector ``source`` asks for (parsed; SelectorError if it is bad) and the filters
     qpid-flow applies from its filter set: only a selector."""
@@ -1127,8 +1302,44 @@ _SOLE_CONNECTION = symbol("sole-connection-for-container")
 
 
 def _asks_sole_connection(conn: Connection) -> bool:
-    desired = conn.remote_desired_capabilities
-    return desired is not None and _SOLE_CONNECTION in list(desired)
+    desired = peer_capabilities(pn_connection_remote_desired_capabilities(conn._impl))
+    return desired is not None and _SOLE_CONNECTION in desired
+
+
+def peer_capabilities(field: Any) -> list[symbol] | None:
+    """The symbols of a peer's capabilities field (the C data Proton's
+    ``pn_connection_remote_*_capabilities`` give): [] when there is none; None when it is
+    not what AMQP types it, a symbol or an array of symbols (a list of symbols is taken
+    too). Read from the data itself: Proton's ``remote_desired_capabilities`` raises on
+    anything else (a ulong: TypeError)."""
+    data = Data(field)
+    data.rewind()
+    try:
+        if data.next() is None:
+            return []
+        value = data.get_object()
+    except Exception:  # a value Proton cannot turn into Python
+        return None
+    finally:
+        data.rewind()
+    if isinstance(value, symbol):
+        return [value]
+    if isinstance(value, Array):
+        elements = value.elements if value.type == Data.SYMBOL and value.descriptor is UNDESCRIBED else None
+        return list(elements) if elements is not None else None
+    if isinstance(value, list) and all(isinstance(element, symbol) for element in value):
+        return value
+    return None
+
+
+def _bad_capabilities(conn: Connection) -> str | None:
+    """The capabilities field of ``conn``'s open that is not a symbol or an array of
+    symbols (see :func:`peer_capabilities`), if one is not."""
+    if peer_capabilities(pn_connection_remote_offered_capabilities(conn._impl)) is None:
+        return "offered-capabilities"
+    if peer_capabilities(pn_connection_remote_desired_capabilities(conn._impl)) is None:
+        return "desired-capabilities"
+    return None
 
 
 def _answer_source(link: Link, applied: dict[Any, Any]) -> None:

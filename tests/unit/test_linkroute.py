@@ -401,6 +401,44 @@ def test_a_broker_end_reaches_that_session_only(rig: Rig) -> None:
     assert other.client.connection.state == active
 
 
+def test_sessions_and_links_past_their_limits_are_refused_and_then_the_connection_closed() -> None:
+    """max_sessions_per_connection and max_links_per_connection (1 each) in front of a
+    broker, counted per connection: a session or link past the limit is refused with
+    amqp:resource-limit-exceeded, never reaching the broker; a session the client ended
+    frees its place; a second refusal the client has not answered closes the client's
+    connection with amqp:resource-limit-exceeded, and its broker connection with it."""
+    rig = Rig(
+        config=build_config({"broker": BROKER.url, "max_sessions_per_connection": 1, "max_links_per_connection": 1})
+    )
+    pair = open_pair(rig)
+    first, _ = begin(rig, pair)
+    refused = pair.client.connection.session()
+    refused.open()
+    rig.pump()
+    assert refused.remote_condition.name == "amqp:resource-limit-exceeded"
+    first.close()  # its place is free (the broker's answer to the end does not matter here)
+    rig.pump()
+    session, _ = begin(rig, pair)
+    consumer(rig, pair, session)
+    second = session.receiver("second")
+    second.source.address = "orders"
+    second.open()
+    rig.pump()
+    assert second.remote_condition.name == "amqp:resource-limit-exceeded"
+    with pytest.raises(AssertionError):
+        broker_link(pair, "second")
+    other = open_pair(rig, "client-2")
+    with structlog.testing.capture_logs() as logs:
+        again = pair.client.connection.session()
+        again.open()  # a second refused session un-ended: past the rule
+        rig.pump()
+    client = pair.client.connection
+    assert client.remote_condition.name == "amqp:resource-limit-exceeded"
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["connection_error"]
+    assert pair.broker.connection.state & Endpoint.REMOTE_CLOSED
+    assert other.client.connection.state == Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
+
+
 # --- attach ------------------------------------------------------------------------------------
 
 

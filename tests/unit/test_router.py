@@ -948,6 +948,86 @@ def test_a_connection_over_max_connections_is_opened_then_closed_with_resource_l
     assert not third.connection.state & Endpoint.REMOTE_CLOSED, "the first one's place was not given back"
 
 
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+
+
+def test_sessions_past_max_sessions_per_connection_are_ended_and_a_client_ending_none_is_closed() -> None:
+    """max_sessions_per_connection = 2, counted per connection: the begins past it are ended
+    with amqp:resource-limit-exceeded; a session ended frees its place, and a refused one
+    the client ended counts no more. A client that leaves more refused sessions un-ended
+    than the limit has its connection closed with amqp:resource-limit-exceeded, and nothing
+    more is read from it: refused sessions were answered for good (10,000 begins that a
+    client never ended, each walking all those before it, took 172 s to answer)."""
+    rig = Rig({"max_sessions_per_connection": 2})
+    client = rig.connect()
+    other = rig.connect("other")
+
+    def begin() -> Session:
+        session = client.connection.session()
+        session.open()
+        rig.pump()
+        return session
+
+    first, _second, third, _fourth = begin(), begin(), begin(), begin()
+    assert [s.remote_condition.name if s.remote_condition else None for s in (first, _second, third, _fourth)] == [
+        None,
+        None,
+        RESOURCE_LIMIT,
+        RESOURCE_LIMIT,
+    ]
+    assert [(f.kind, f.condition) for f in client.commands() if f.kind == "end"] == [("end", RESOURCE_LIMIT)] * 2
+    first.close()  # its place is free
+    rig.pump()
+    fifth = begin()
+    assert fifth.state & Endpoint.REMOTE_ACTIVE and fifth.remote_condition is None
+    third.close()  # the client ended a refused one: one refused left un-ended
+    rig.pump()
+    with structlog.testing.capture_logs() as logs:
+        sixth = begin()  # refused: two un-ended, the limit
+        assert sixth.remote_condition.name == RESOURCE_LIMIT
+        assert not client.connection.state & Endpoint.REMOTE_CLOSED
+        begin()  # a third un-ended refusal: past the rule
+    assert client.connection.remote_condition.name == RESOURCE_LIMIT
+    assert "more than 2 sessions refused and not ended" in client.connection.remote_condition.description
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["session_refused", "connection_error"]
+    assert client.facing.transport.capacity() < 0, "qpid-flow still reads the connection it closed"
+    assert rig.router.connections == {other.facing.connection}
+    assert_still_works(rig, other)
+
+
+def test_links_past_max_links_per_connection_are_detached_and_a_client_detaching_none_is_closed() -> None:
+    """As for sessions, with max_links_per_connection = 2: a detach (not a close: a JMS
+    durable subscriber's) frees a link's place; a refused link the client detached counts
+    no more; more refused links un-detached than the limit close the connection."""
+    rig = Rig({"max_links_per_connection": 2})
+    client = rig.connect()
+    other = rig.connect("other")
+    first, _second, third, _fourth = (client.attach_receiver("orders", name=f"reader-{n}") for n in range(4))
+    assert [link.remote_condition.name if link.remote_condition else None for link in (first, third)] == [
+        None,
+        RESOURCE_LIMIT,
+    ]
+    assert [(f.link, f.condition) for f in client.commands("detach")] == [
+        ("reader-2", RESOURCE_LIMIT),
+        ("reader-3", RESOURCE_LIMIT),
+    ]
+    first.detach()
+    rig.pump()
+    assert client.attach_receiver("orders", name="reader-4").remote_condition is None
+    third.close()
+    rig.pump()
+    assert client.attach_receiver("orders", name="reader-5").remote_condition.name == RESOURCE_LIMIT
+    assert not client.connection.state & Endpoint.REMOTE_CLOSED
+    with structlog.testing.capture_logs() as logs:
+        client.attach_receiver("orders", name="reader-6")
+    assert client.connection.remote_condition.name == RESOURCE_LIMIT
+    assert "more than 2 links refused and not detached" in client.connection.remote_condition.description
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["connection_error"]
+    assert client.facing.transport.capacity() < 0
+    assert rig.destination("orders").consumers == []
+    assert_still_works(rig, other)
+
+
 def test_an_attach_to_an_unknown_destination_is_refused_when_auto_create_is_off() -> None:
     rig = Rig({"auto_create": False, "destinations": {"orders": {}}})
     client = rig.connect()
