@@ -364,15 +364,20 @@ def _header(buf: bytes) -> tuple[list[Any], int] | None:
     return fields, end
 
 
-def delivery_count(buf: bytes) -> int:
-    """The header's ``delivery-count`` (0 when absent or not a number): how many earlier
-    deliveries failed, as the broker that sent the message counted them."""
+def earlier_deliveries(buf: bytes) -> int:
+    """How many times the broker that sent the message had delivered it before, as far as
+    its header tells: its ``delivery-count`` (failed deliveries; 0 when absent), and at
+    least 1 when ``first-acquirer`` is false (RabbitMQ marks a message released and
+    delivered again so, its delivery-count unchanged: AMQP does not count a release)."""
     try:
         header = _header(buf)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
-    count = header[0][4] if header is not None else None
-    return count if isinstance(count, int) and not isinstance(count, bool) else 0
+    if header is None:
+        return 0
+    first_acquirer, count = header[0][3], header[0][4]
+    failed = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    return max(failed, 1) if first_acquirer is False else failed
 
 
 def expiry_time(buf: bytes, received: float) -> float | None:

@@ -399,7 +399,7 @@ class BrokerRouter(Router):
             return
         # A TCP connect alone says yes to a proxy (HAProxy) whose broker is gone; the
         # reader's own connection, lost too by then, says no.
-        if not broker_reachable or not self._group_reader.connected:
+        if not broker_reachable or self._group_reader.broker_lost:
             self._close_client(pair, Condition(_FORCED, "the broker connection was lost"), "broker_lost")
             self.broker_lost()
             return
@@ -413,8 +413,9 @@ class BrokerRouter(Router):
         """The broker is gone: the depths qpid-flow counted in it are not known any more
         (:meth:`Destination.broker_lost`). Told by a client's pair whose broker connection
         dropped and whose broker a connect does not reach, and by the reader's probe
-        connection when it is lost (a broker stopped cleanly closes every connection with
-        a close frame; with no client connected there is no pair to tell)."""
+        connection when it was lost and could not be made again (a broker stopped cleanly
+        closes every connection with a close frame; with no client connected there is no
+        pair to tell)."""
         lowered = []
         for destination in self.destinations:
             depth = destination.depth
@@ -1201,9 +1202,9 @@ class BrokerRouter(Router):
         if destination is None or consumer is None:
             return None
         message = Message(data, destination.address)
-        # As the broker counts it: 1 the first time, 1 + the failed deliveries it saw since.
+        # As the broker's header tells: 1 the first time, more once it delivered it before.
         try:
-            message.delivery_count = 1 + codec.delivery_count(data)
+            message.delivery_count = 1 + codec.earlier_deliveries(data)
         except codec.MalformedMessage:
             message.delivery_count = 1
         self.hooks.message_enqueued(destination=destination, message=message)

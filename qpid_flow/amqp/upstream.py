@@ -121,9 +121,13 @@ class _ReaderConnection(Handler):
         # (address, consumer ids): the connection went while those consumers held messages
         # it fetched, unsettled (they must not go on as if they could still settle them).
         self._on_holders_lost = on_holders_lost
-        # Called when this connection, once open, is lost (set on the probe only: the
-        # broker is gone, or unreachable, as far as qpid-flow can tell).
+        # Called when this connection, once open, was lost and the next attempt to connect
+        # failed too (set on the probe only): the broker is gone, as far as qpid-flow can
+        # tell. Not at the loss itself: a blip, or the broker closing that one connection,
+        # with the broker and its queues still there, is no reason to forget its depths.
         self.on_lost: Callable[[], None] | None = None
+        self.opened_once = False
+        self._loss_unconfirmed = False
         self._connection: Connection | None = None
         self.connected = False
         self.closing = False
@@ -177,6 +181,8 @@ class _ReaderConnection(Handler):
         if event.connection != self._connection:
             return
         self.connected = True
+        self.opened_once = True
+        self._loss_unconfirmed = False  # the broker answered again: it was not gone
         product = (event.connection.remote_properties or {}).get("product")
         self.dialect = dialect_for(self._dialect_setting, product if isinstance(product, str) else None)
         # The back-off is not reset here: a broker at its connection limit answers the
@@ -241,8 +247,11 @@ class _ReaderConnection(Handler):
             return
         if was_connected:
             log.warning("upstream_disconnected", broker=self._brokers[self._broker_index].redacted, reads=self.reads)
-            if self.on_lost is not None:
-                self.on_lost()
+            self._loss_unconfirmed = self.on_lost is not None
+        elif self._loss_unconfirmed:
+            self._loss_unconfirmed = False  # lost, and connecting again failed: gone
+            assert self.on_lost is not None
+            self.on_lost()
         self._schedule_reconnect(proved_itself)
 
     def _proved_itself(self) -> bool:
@@ -481,9 +490,10 @@ class GroupReader:
         on_broker_lost: Callable[[], None] | None = None,
     ) -> None:
         self._container = container
-        # The probe's connection, once open, was lost: the broker is gone (stopped, killed,
-        # or behind a proxy that still takes connections), whether clients are connected
-        # or not (their own connections may be closed cleanly, or not at all yet).
+        # The probe's connection, once open, was lost and could not be made again: the
+        # broker is gone (stopped, killed, or behind a proxy that still takes connections),
+        # whether clients are connected or not (their own connections may be closed
+        # cleanly, or not at all yet).
         self._on_broker_lost = on_broker_lost
         self._new_connection = functools.partial(
             _ReaderConnection, container, config, destinations, on_link_failed, on_holders_lost, clock
@@ -501,6 +511,13 @@ class GroupReader:
     def connected(self) -> bool:
         """The broker is reachable: the probe's connection is open."""
         return self._probe is not None and self._probe.connected
+
+    @property
+    def broker_lost(self) -> bool:
+        """The probe's connection was open and is not now: the broker, or the way to it,
+        went (not merely never reached: a URL whose user the broker refuses is no sign)."""
+        probe = self._probe
+        return probe is not None and probe.opened_once and not probe.connected
 
     @property
     def dialect(self) -> Dialect | None:

@@ -194,6 +194,43 @@ def test_a_broker_of_the_list_that_closes_at_once_is_passed_over_for_the_next() 
     assert delays == [0.0, 0.1, 0.0, 0.2]
 
 
+def test_the_broker_is_taken_for_gone_only_once_connecting_again_fails() -> None:
+    """The probe's connection lost once, the broker still there (a blip, or the broker
+    closing that one connection): connecting again works, and nothing is told (the depths
+    qpid-flow counted in the broker were reset, and producers passed the stop threshold
+    by that much). Lost, and connecting again fails: the broker is gone, told once."""
+    told: list[str] = []
+    rig = ReaderRig(reader_config())
+    rig.reader._on_broker_lost = lambda: told.append("gone")
+    rig.reader.start()
+    rig.pump()
+    rig.upstream.broker.connection.open()
+    rig.pump()
+    assert rig.reader.connected and not rig.reader.broker_lost
+    rig.upstream.broker.connection.close()  # a blip
+    rig.pump()
+    assert rig.reader.broker_lost and told == []
+    rig.reconnect()
+    rig.upstream.broker.connection.open()
+    rig.pump()
+    assert rig.reader.connected and not rig.reader.broker_lost and told == []
+
+    rig.upstream.broker.transport.close_head()  # the broker goes
+    rig.upstream.broker.transport.close_tail()
+    rig.pump()
+    assert told == []
+    rig.reconnect()
+    rig.upstream.broker.transport.close_head()  # and refuses the next connection
+    rig.upstream.broker.transport.close_tail()
+    rig.pump()
+    assert told == ["gone"]
+    rig.reconnect()
+    rig.upstream.broker.transport.close_head()
+    rig.upstream.broker.transport.close_tail()
+    rig.pump()
+    assert told == ["gone"], "told once per loss"
+
+
 # --- the broker ends a reader's link or session --------------------------------------------------
 
 

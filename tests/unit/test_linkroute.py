@@ -60,6 +60,7 @@ class StubGroupReader:
         self.calls: list[tuple[str, str]] = []
         self.dialect: Dialect | None = None  # the broker's, once the reader has reached it
         self.connected = True  # its probe's connection is open
+        self.broker_lost = False  # ... and was not lost
 
     def consumer_attached(self, destination: Destination, durability: int = 0) -> None:
         self.calls.append(("consumer_attached", destination.address))
@@ -932,6 +933,17 @@ def test_a_consumer_gone_with_messages_unsettled_tells_plugins_they_went_back() 
     send(at_broker, redelivered.encode(), "b2")
     rig.pump()
     assert heard.heard[-1] == ("delivered", 2, None)
+    # Released, then delivered again by RabbitMQ: delivery-count unchanged (AMQP does
+    # not count a release), first-acquirer false. (It read 1, as a first delivery.)
+    body = Message(body=1).encode()
+    # A header of durable, priority, ttl (null) and first-acquirer (false, then true), as
+    # RabbitMQ writes it (Proton's Message leaves a false first-acquirer out).
+    send(at_broker, b"\x00\x53\x70\xc0\x05\x04\x40\x40\x40\x42" + body, "b3")
+    rig.pump()
+    assert heard.heard[-1] == ("delivered", 2, None)
+    send(at_broker, b"\x00\x53\x70\xc0\x05\x04\x40\x40\x40\x41" + body, "b4")
+    rig.pump()
+    assert heard.heard[-1] == ("delivered", 1, None)
 
 
 def grouped_rig() -> Rig:
@@ -1182,12 +1194,31 @@ def test_a_broker_behind_a_proxy_that_still_takes_connections_is_lost_all_the_sa
     rig.router.probe = lambda broker, on_result: on_result(True)
     pair = open_pair(rig)
     rig.group_reader.connected = False
+    rig.group_reader.broker_lost = True
     pair.broker.transport.close_head()
     pair.broker.transport.close_tail()
     rig.pump()
     client = pair.client.connection
     assert client.state & Endpoint.REMOTE_CLOSED
     assert client.remote_condition.name == "amqp:connection:forced"
+
+
+def test_a_reader_that_never_reached_the_broker_is_no_sign_the_broker_is_gone(rig: Rig) -> None:
+    """The --broker URL's user is refused (clients sign in as themselves, no grouped
+    destination): qpid-flow's own connection never opened. A client's broker connection
+    dropped while a connect still reaches the broker is dropped the same way, the depths
+    kept. (It was closed with amqp:connection:forced and the depths reset.)"""
+    rig.router.probe = lambda broker, on_result: on_result(True)
+    pair = open_pair(rig)
+    rig.group_reader.connected = False
+    orders = rig.destinations.get("orders")
+    assert orders is not None
+    orders.depth = 11
+    pair.broker.transport.close_head()
+    pair.broker.transport.close_tail()
+    rig.pump()
+    assert not pair.client.connection.state & Endpoint.REMOTE_CLOSED, "closed with a close frame"
+    assert orders.depth == 11
 
 
 def test_a_broker_lost_restarts_the_depths_qpid_flow_counted_in_it(rig: Rig) -> None:
