@@ -67,7 +67,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from qpid_flow.admin.metrics import RouterCollector, Snapshot, registry_for
+from qpid_flow.admin.metrics import DeletionHandover, RouterCollector, Snapshot, registry_for
 from qpid_flow.config import ConfigError, is_loopback
 from qpid_flow.plugin.declarations import AdminRequest, AdminRoute
 
@@ -774,8 +774,15 @@ class AdminServer:
         self.listen = listen
         self.operations = operations
         self.routes = _checked_routes(routes)
-        # /metrics: one snapshot per scrape, taken on the reactor thread.
-        collector = RouterCollector(lambda: self.call(operations.snapshot), metrics_max_destinations)
+        # /metrics: one snapshot per scrape, taken on the reactor thread. A scrape that
+        # times out leaves its snapshot to be taken later, unread: the deleted destinations'
+        # counts it took go out again with the next one, until the collector has split them.
+        handover = DeletionHandover()  # on the reactor thread only
+
+        def take_snapshot(acknowledged: int) -> Snapshot:
+            return self.call(lambda: handover.pass_on(operations.snapshot(), acknowledged))
+
+        collector = RouterCollector(take_snapshot, metrics_max_destinations)
         self._metrics_registry = registry_for(collector)
         self._run_in_reactor = run_in_reactor
         self.token = token or None  # an empty token would let an empty Authorization in

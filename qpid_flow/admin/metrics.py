@@ -17,6 +17,7 @@ docs/operations.md's table is generated (and checked by a test).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from qpid_flow.plugin import hookspecs
 __all__ = [
     "METRICS",
     "OTHER",
+    "DeletionHandover",
     "MetricSpec",
     "RouterCollector",
     "Snapshot",
@@ -294,8 +296,60 @@ class Snapshot:
     plugin_errors: dict[str, int] = field(default_factory=dict)
     # Destinations deleted since the last snapshot: the final counters of those the last
     # snapshot listed, by name, and the sum of the counters of those it never listed.
+    # Through a DeletionHandover: since the last snapshot the collector split.
     deleted: dict[str, dict[str, float]] = field(default_factory=dict)
     deleted_unlisted: dict[str, float] = field(default_factory=dict)
+    # The DeletionHandover's number for it (0: none); the collector passes the last it
+    # split to the next snapshot it takes.
+    generation: int = 0
+
+
+class DeletionHandover:
+    """Deleted destinations' final counters on their way to the collector, until it has
+    split the snapshot that carried them. Touched only on the reactor thread.
+
+    A scrape that gives up waiting for its snapshot (``ReactorBridge.call``'s timeout, the
+    reactor thread busy) leaves it to be taken later and read by nobody: the deletions
+    :meth:`Operations.snapshot` handed over went with it, and ``_other`` lost them for
+    good. Each snapshot passes here with the generation of the last one the collector
+    split (``acknowledged``): what that one carried is dropped; what it did not (the
+    deletions of snapshots nobody read, and the new ones) goes out again with this one.
+
+    By name only the destinations the collector knows (those of the last snapshot it
+    split: it reads a name it never saw as a labelled one's end and would drop its counts);
+    the others are summed, as never seen, so nothing grows by name while no scrape gets
+    through.
+    """
+
+    def __init__(self) -> None:
+        self.generation = 0  # of the last snapshot passed on
+        self._passed: set[str] = set()  # the names of the last snapshot passed on
+        self._known: set[str] = set()  # the names of the last snapshot the collector split
+        self._deleted: dict[str, dict[str, float]] = {}
+        self._deleted_unlisted: dict[str, float] = {}
+
+    def pass_on(self, snapshot: Snapshot, acknowledged: int) -> Snapshot:
+        """``snapshot`` with every deletion the collector has not split yet, and a new generation."""
+        if acknowledged >= self.generation:
+            # The collector split the last snapshot passed on, and all it carried. (Calls
+            # run in turn: any later one was taken after that snapshot was split, with it.)
+            self._deleted, self._deleted_unlisted = {}, {}
+            self._known = self._passed
+        for name, final in snapshot.deleted.items():
+            if name in self._known:
+                add_counters(self._deleted.setdefault(name, {}), final)
+            else:
+                add_counters(self._deleted_unlisted, final)
+        add_counters(self._deleted_unlisted, snapshot.deleted_unlisted)
+        self._passed = {str(record.get("name")) for record in snapshot.destinations}
+        self.generation += 1
+        # Copies: the collector reads them on another thread while more deletions come.
+        return dataclasses.replace(
+            snapshot,
+            deleted={name: dict(final) for name, final in self._deleted.items()},
+            deleted_unlisted=dict(self._deleted_unlisted),
+            generation=self.generation,
+        )
 
 
 def _number(value: Any) -> float:
@@ -371,12 +425,14 @@ class _Labels:
 
 
 class RouterCollector(Collector):
-    """Builds every family from one snapshot per scrape (``take_snapshot``)."""
+    """Builds every family from one snapshot per scrape (``take_snapshot``, given the
+    generation of the last snapshot split: see :class:`DeletionHandover`)."""
 
-    def __init__(self, take_snapshot: Callable[[], Snapshot], max_destinations: int = 500) -> None:
+    def __init__(self, take_snapshot: Callable[[int], Snapshot], max_destinations: int = 500) -> None:
         self._take_snapshot = take_snapshot
         self._labels = _Labels(max_destinations)
         self._lock = threading.Lock()
+        self._acknowledged = 0  # the generation of the last snapshot split
 
     @property
     def max_destinations(self) -> int:
@@ -391,8 +447,9 @@ class RouterCollector(Collector):
         # the snapshot it took before the next takes one, or labels and _other's counts
         # would move back and forth.
         with self._lock:
-            snapshot = self._take_snapshot()
+            snapshot = self._take_snapshot(self._acknowledged)
             shown, rest = self._labels.split(snapshot.destinations, snapshot.deleted, snapshot.deleted_unlisted)
+            self._acknowledged = snapshot.generation
             retired = dict(self._labels.retired)
         yield from self._router(snapshot, len(rest))
         yield from self._destinations(shown, rest, retired)

@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, TypeVar, cast
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from qpid_flow.admin.metrics import METRICS, OTHER, RouterCollector, Snapshot, reference_table, registry_for
+from qpid_flow.admin.http import AdminServer
+from qpid_flow.admin.metrics import (
+    METRICS,
+    OTHER,
+    DeletionHandover,
+    RouterCollector,
+    Snapshot,
+    reference_table,
+    registry_for,
+)
+from qpid_flow.admin.operations import Operations
+from qpid_flow.config import build_config
+from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.core.model import Message
+from qpid_flow.core.registry import Destinations
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager
+
+T = TypeVar("T")
 
 
 def _snapshot(destinations: list[dict[str, Any]]) -> Snapshot:
@@ -37,7 +57,7 @@ def _record(name: str, depth: int, **extra: Any) -> dict[str, Any]:
 
 
 def _samples(destinations: list[dict[str, Any]], limit: int = 500) -> dict[tuple[str, tuple[Any, ...]], float]:
-    registry = registry_for(RouterCollector(lambda: _snapshot(destinations), limit))
+    registry = registry_for(RouterCollector(lambda _acknowledged: _snapshot(destinations), limit))
     text = generate_latest(registry).decode()
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -105,7 +125,7 @@ def test_a_destination_keeps_its_label_and_other_s_counters_never_go_down() -> N
     from qpid_flow.admin.metrics import RouterCollector
 
     records: list[dict[str, Any]] = []
-    collector = RouterCollector(lambda: _snapshot(records), 1)
+    collector = RouterCollector(lambda _acknowledged: _snapshot(records), 1)
     registry = registry_for(collector)
 
     def enqueued() -> dict[str, float]:
@@ -132,7 +152,7 @@ def test_other_s_counters_keep_a_destination_made_again_under_its_name() -> None
     from qpid_flow.admin.metrics import RouterCollector
 
     records: list[dict[str, Any]] = []
-    registry = registry_for(RouterCollector(lambda: _snapshot(records), 1))
+    registry = registry_for(RouterCollector(lambda _acknowledged: _snapshot(records), 1))
 
     def other_enqueued() -> float:
         text = generate_latest(registry).decode()
@@ -154,7 +174,7 @@ def test_a_deleted_destination_s_final_counts_go_to_other_only_if_it_was_summed_
     was last seen; B (its own label) ends its own series and adds nothing to _other; C,
     never scraped, adds all it counted."""
     snapshots: list[Snapshot] = []
-    registry = registry_for(RouterCollector(lambda: snapshots.pop(0), 1))
+    registry = registry_for(RouterCollector(lambda _acknowledged: snapshots.pop(0), 1))
 
     def enqueued() -> dict[str, float]:
         text = generate_latest(registry).decode()
@@ -186,3 +206,87 @@ def test_every_hook_has_a_plugin_errors_series_from_the_first_scrape() -> None:
     assert errors["qpid_flow_message_enqueued"] == 0
     assert errors["qpid_flow_transfer_arrived"] == 0
     assert len(errors) >= 20
+
+
+def test_a_scrape_that_times_out_loses_no_deleted_destination_s_counts() -> None:
+    """A scrape gives up waiting for its snapshot (ReactorBridge.call's timeout, the
+    reactor thread busy: a 503), and the snapshot is taken later anyway, read by nobody.
+    The deleted destinations' final counts it took went with it: _other lost them for good
+    (enqueued 5, not 11, while the router-wide total said 11). "summed", scraped once, is
+    deleted before that scrape; "unseen", listed only by the unread snapshot, after it.
+    The next scrape has both, and no later scrape counts them again."""
+    destinations = Destinations(
+        build_config({"destinations": {"keeper": {"max_count": 100}}}), Hooks(build_plugin_manager())
+    )
+    destinations.create_configured()
+    router = SimpleNamespace(connections=[], backend=None)
+    operations = Operations(destinations, cast(Any, SimpleNamespace(memory=MemoryMeter())), cast(Any, router))
+    timing_out = False
+
+    def run_in_reactor(callback: Callable[[], T]) -> T:
+        result = callback()  # the reactor thread takes the snapshot, whether anyone waits or not
+        if timing_out:
+            raise TimeoutError
+        return result
+
+    admin = AdminServer("127.0.0.1:0", operations, run_in_reactor, metrics_max_destinations=1)
+
+    def enqueued() -> tuple[float, float]:
+        """_other's enqueued, and the router-wide messages in."""
+        samples = {
+            (sample.name, sample.labels.get("destination")): sample.value
+            for family in text_string_to_metric_families(admin.metrics().body.decode())
+            for sample in family.samples
+        }
+        other = samples.get(("qpid_flow_destination_messages_enqueued_total", OTHER), 0.0)
+        return other, samples[("qpid_flow_messages_in_total", None)]
+
+    def count_in(name: str, messages: int) -> None:
+        destination = destinations.get(name)
+        assert destination is not None
+        for _ in range(messages):
+            destination.count_in(Message(b"m", name))
+
+    def delete(name: str) -> None:
+        destination = destinations.find(name)
+        assert destination is not None
+        destinations.delete(destination)
+
+    def scrape_timing_out() -> None:
+        nonlocal timing_out
+        timing_out = True
+        with pytest.raises(TimeoutError):
+            admin.metrics()
+        timing_out = False
+
+    assert enqueued() == (0, 0)  # keeper has the one label
+    count_in("summed", 5)
+    assert enqueued() == (5, 5)
+    count_in("summed", 3)
+    delete("summed")
+    count_in("unseen", 2)
+    scrape_timing_out()
+    count_in("unseen", 1)
+    delete("unseen")
+    assert enqueued() == (11, 11)
+    assert enqueued() == (11, 11)
+    scrape_timing_out()  # after one that was read: nothing of it to send again
+    assert enqueued() == (11, 11)
+
+
+def test_deletions_nobody_read_stay_one_per_name_the_collector_knows() -> None:
+    """While every scrape times out, names come and go: those the collector never saw are
+    summed (nothing grows per name); one it knows keeps its name, counted once."""
+    handover = DeletionHandover()
+    acknowledged = handover.pass_on(_snapshot([_record("A", 1)]), 0).generation  # the collector split it
+    gone = _snapshot([_record("n0", 1)])
+    gone.deleted = {"A": {"enqueued": 4.0}}
+    handover.pass_on(gone, acknowledged)
+    for i in range(1, 100):
+        unread = _snapshot([_record(f"n{i}", 1)])
+        unread.deleted = {f"n{i - 1}": {"enqueued": 1.0}}  # listed by the last snapshot, unread
+        handover.pass_on(unread, acknowledged)
+    last = handover.pass_on(_snapshot([]), acknowledged)
+    assert last.deleted == {"A": {"enqueued": 4.0}}
+    assert last.deleted_unlisted == {"enqueued": 99.0}
+    assert handover.pass_on(_snapshot([]), last.generation).deleted == {}
