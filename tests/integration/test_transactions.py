@@ -521,6 +521,30 @@ def test_a_commit_waits_for_the_transfers_flow_control_holds(qpid_flow_process: 
     assert drained + drain(router, "tx.flow", 4 - len(drained)) == ["plain-0", "plain-1", "plain-2", "tx-1"]
 
 
+@pytest.mark.parametrize(
+    "limit",
+    ['[destinations."tx.big"]\nflow_stop_size = 200\nflow_resume_size = 100\n', "memory_limit = 200\n"],
+    ids=["flow_stop_size", "memory_limit"],
+)
+def test_a_transaction_past_a_size_limit_on_credit_it_was_given_commits(
+    qpid_flow_process: StartRouter, limit: str
+) -> None:
+    """No message size known yet, a producer gets a full window; its transaction sends 20
+    messages, past the stop size (or the memory limit) with what it staged itself. Those
+    past it were held until flow turned OFF (or memory freed), which only the commit could
+    bring, and the commit waited for them: the discharge was never answered. They are
+    staged instead (the commit enqueues them, credit or not), and the commit goes in."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(config_text=limit, extra_args=["--admin", admin])
+    client = TxClient(router.url, "tx.big", send=20)
+    runner = threading.Thread(target=client.run, daemon=True)
+    runner.start()
+    runner.join(TIMEOUT)
+    assert client.answered == 20, f"{client.answered} of 20 transactional transfers answered"
+    assert client.result == "committed"
+    assert stats(admin, "tx.big")["depth"] == 20
+
+
 @pytest.mark.parametrize("descriptors", ["numeric", "symbolic"])
 def test_a_discharge_named_by_numeric_descriptor_commits(qpid_flow_process: StartRouter, descriptors: str) -> None:
     """qpid-jms, rhea and AMQP.Net Lite describe declare and discharge by code (0x31, 0x32),
