@@ -456,10 +456,20 @@ class Router(Handler):
         if kept(conn, "qf_admitted"):
             conn.qf_admitted = False
             self.limits.release(user_of(conn))
+        # Coordinator links last: the rollback of a transaction left open gives messages
+        # back and dispatches them, and a consumer of this connection, not gone yet, still
+        # had credit: it was sent them again, then released them a second time (delivery
+        # count 2 and delivered 5 for 3 messages, as the links happened to be attached).
+        coordinators = []
         link = conn.link_head(0)
         while link is not None:
-            self._link_gone(link)
+            if kept(link, "qf_coordinator"):
+                coordinators.append(link)
+            else:
+                self._link_gone(link)
             link = link.next(0)
+        for link in coordinators:
+            self._link_gone(link)
         log.info("connection_closed", connection=getattr(conn, "qf_id", None))
 
     # --- links --------------------------------------------------------------------------

@@ -18,12 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from proton import Event, Message, Timeout
+from proton import Described, Endpoint, Event, Message, Terminus, Timeout, symbol, ulong
 from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container, Transaction
 from proton.utils import BlockingConnection
 
 from .harness.net import free_port
+from .harness.rawclient import RawClient
 from .harness.router import RouterProcess, StartRouter
 
 pytestmark = pytest.mark.integration
@@ -645,3 +646,89 @@ def test_messages_a_rollback_gives_back_go_out_again_at_once(router_with_admin: 
     client = _StaysAfterAbort(router.url, "tx.again", take=3, wait=2.0).run()
     assert client.result == "aborted" and client.taken == ["m0", "m1", "m2"]
     assert client.again == ["m0", "m1", "m2"]
+
+
+def _raw_link(session: Any, name: str, address: str, *, receiver: bool = False, coordinator: bool = False) -> Any:
+    link = session.receiver(name) if receiver else session.sender(name)
+    if coordinator:
+        link.source.address = "ctl"
+        link.target.type = Terminus.COORDINATOR
+        link.target.capabilities.put_object(symbol("amqp:local-transactions"))
+    elif receiver:
+        link.source.address = address
+    else:
+        link.target.address = address
+    link.open()
+    return link
+
+
+@pytest.mark.parametrize("first", ["coordinator", "consumer"])
+def test_a_connection_lost_in_a_transaction_gives_each_message_back_once(
+    qpid_flow_process: StartRouter, first: str
+) -> None:
+    """A consumer takes a group's three messages and accepts two in a transaction
+    (settled), then its connection drops. Each comes back once, one failed attempt each.
+    (With the coordinator attached first, its rollback gave the two back and dispatched
+    them to the consumer of the dying connection, which still had credit and released
+    them again: delivery counts 2, 2, 1, and 5 delivered for 3.)"""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='[destinations."tx.lost"]\nshared_groups = true\n', extra_args=["--admin", admin]
+    )
+    connection = BlockingConnection(router.url, timeout=10)
+    sender = connection.create_sender("tx.lost")
+    for n in (1, 2, 3):
+        sender.send(Message(body=f"a{n}", group_id="A"))
+    connection.close()
+
+    client = RawClient(int(router.url.rsplit(":", 1)[1]))
+    client.connection.open()
+    session = client.connection.session()
+    session.open()
+    if first == "coordinator":
+        controller = _raw_link(session, "ctl", "", coordinator=True)
+        consumer = _raw_link(session, "rcv", "tx.lost", receiver=True)
+    else:
+        consumer = _raw_link(session, "rcv", "tx.lost", receiver=True)
+        controller = _raw_link(session, "ctl", "", coordinator=True)
+    assert client.pump(lambda: controller.credit > 0 and consumer.state & Endpoint.REMOTE_ACTIVE)
+    declare = controller.delivery(b"d")
+    controller.send(Message(body=Described(symbol("amqp:declare:list"), [None])).encode())
+    controller.advance()
+    assert client.pump(lambda: declare.remote_state)
+    txn = bytes(declare.remote.data[0])
+    consumer.flow(5)
+    got: list[Any] = []
+
+    def have_three() -> bool:
+        while (delivery := consumer.current) is not None and delivery.readable and not delivery.partial:
+            consumer.recv(delivery.pending)
+            consumer.advance()
+            got.append(delivery)
+        return len(got) == 3
+
+    assert client.pump(have_three)
+    for delivery in got[:2]:  # accepted in the transaction, settled
+        delivery.local.data = [txn, Described(ulong(0x24), [])]
+        delivery.update(0x34)
+        delivery.settle()
+    client.pump(lambda: False, 0.5)
+    client.close()  # dropped: no detach, no close
+
+    deadline = time.monotonic() + TIMEOUT
+    while stats(admin, "tx.lost")["released"] < 3:
+        assert time.monotonic() < deadline, stats(admin, "tx.lost")
+        time.sleep(0.05)
+    record = stats(admin, "tx.lost")
+    assert (record["delivered"], record["released"], record["depth"]) == (3, 3, 3)
+    again = BlockingConnection(router.url, timeout=10)
+    try:
+        receiver = again.create_receiver("tx.lost", credit=10)
+        counts = []
+        for _ in range(3):
+            message = receiver.receive(timeout=10)
+            counts.append((message.body, message.delivery_count))
+            receiver.accept()
+        assert counts == [("a1", 1), ("a2", 1), ("a3", 1)]
+    finally:
+        again.close()
