@@ -146,7 +146,13 @@ class Coordinator:
             router.grant_all(address)
         given_back: dict[int, Destination] = {}
         for staged in txn.outcomes.values():
-            if staged.delivery is None:  # the client settled it: it comes back to the queue
+            if staged.delivery is not None:
+                # Still out to its consumer (the client settles it again, Proton's releases
+                # it): a failed attempt all the same, as when the client had settled it and
+                # it comes back below, and as JMS brokers count a rollback. (It came back at
+                # 1 or 0 depending on whether the client had settled its transactional accept.)
+                staged.message.failed_attempts += 1
+            else:  # the client settled it: it comes back to the queue
                 destination = router.destinations.find(staged.consumer.address)
                 if destination is not None:
                     destination.release_held(staged.consumer, [staged.message])
