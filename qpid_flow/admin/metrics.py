@@ -199,15 +199,7 @@ DESTINATION_METRICS: tuple[MetricSpec, ...] = (
 _COUNTER_KEYS = tuple(spec.key for spec in DESTINATION_METRICS if spec.kind == "counter" and spec.key is not None)
 
 
-def _hook_names() -> frozenset[str]:
-    return frozenset(
-        name
-        for name, spec in vars(hookspecs).items()
-        if name.startswith("qpid_flow_") and hasattr(spec, "qpid_flow_spec")
-    )
-
-
-_HOOKS = _hook_names()
+_HOOKS = frozenset(hookspecs.hook_names())
 
 
 def counter_values(record: dict[str, Any]) -> dict[str, float]:

@@ -320,23 +320,14 @@ class Router(Handler):
         """Count a client's session in, or end it past max_sessions_per_connection (or close
         the connection, see above); True if it was ended."""
         limit = self.config.max_sessions_per_connection
-        if not limit:
+        counted = _count_in(session.connection, session, "sessions", limit)
+        if counted:
             return False
-        conn = session.connection
-        counted = kept(conn, "qf_sessions") or 0
-        if counted < limit:
-            conn.qf_sessions = counted + 1
-            session.qf_counted = True
-            return False
-        refused = (kept(conn, "qf_sessions_refused") or 0) + 1
-        if refused > limit:
-            description = f"more than {limit} sessions refused and not ended (max_sessions_per_connection = {limit})"
-            self.close_for_error(conn, Condition(RESOURCE_LIMIT, description))
-            return True
-        conn.qf_sessions_refused = refused
-        session.qf_refused = True
         description = f"session limit reached (max_sessions_per_connection = {limit})"
-        log.warning("session_refused", connection=kept(conn, "qf_id"), reason=description)
+        if counted is None:
+            self.close_for_error(session.connection, _too_many_refused("sessions", "ended", limit))
+            return True
+        log.warning("session_refused", connection=kept(session.connection, "qf_id"), reason=description)
         session.open()
         session.condition = Condition(RESOURCE_LIMIT, description)
         session.close()
@@ -346,47 +337,26 @@ class Router(Handler):
         """Count a client's link in, or detach it past max_links_per_connection (or close the
         connection, see above); True if it was refused."""
         limit = self.config.max_links_per_connection
-        if not limit:
+        counted = _count_in(link.connection, link, "links", limit)
+        if counted:
             return False
-        conn = link.connection
-        counted = kept(conn, "qf_links") or 0
-        if counted < limit:
-            conn.qf_links = counted + 1
-            link.qf_counted = True
-            return False
-        refused = (kept(conn, "qf_links_refused") or 0) + 1
-        if refused > limit:
-            description = f"more than {limit} links refused and not detached (max_links_per_connection = {limit})"
-            self.close_for_error(conn, Condition(RESOURCE_LIMIT, description))
+        if counted is None:
+            self.close_for_error(link.connection, _too_many_refused("links", "detached", limit))
             return True
-        conn.qf_links_refused = refused
-        link.qf_refused = True
         self._refuse_link(link, RESOURCE_LIMIT, f"link limit reached (max_links_per_connection = {limit})")
         return True
 
-    def _uncount_session(self, session: Session, by_client: bool) -> None:
+    @staticmethod
+    def _uncount_session(session: Session, by_client: bool) -> None:
         """A session ended, by the client or by qpid-flow: its place under
         max_sessions_per_connection is free; a refused one counts no more once the client
         ended it."""
-        if kept(session, "qf_counted"):
-            session.qf_counted = False
-            conn = session.connection
-            conn.qf_sessions -= 1
-        elif by_client and kept(session, "qf_refused"):
-            session.qf_refused = False
-            conn = session.connection
-            conn.qf_sessions_refused -= 1
+        _count_out(session.connection, session, "sessions", by_client)
 
-    def _uncount_link(self, link: Link, by_client: bool) -> None:
+    @staticmethod
+    def _uncount_link(link: Link, by_client: bool) -> None:
         """A link ended (as :meth:`_uncount_session`, for max_links_per_connection)."""
-        if kept(link, "qf_counted"):
-            link.qf_counted = False
-            conn = link.connection
-            conn.qf_links -= 1
-        elif by_client and kept(link, "qf_refused"):
-            link.qf_refused = False
-            conn = link.connection
-            conn.qf_links_refused -= 1
+        _count_out(link.connection, link, "links", by_client)
 
     def on_session_local_close(self, event: Event) -> None:
         self._uncount_session(event.session, by_client=False)
@@ -1294,6 +1264,41 @@ def user_of(conn: Connection) -> str:
 def _not_allowed(user: str, direction: Direction, address: str) -> str:
     verb = "send to" if direction == "send" else "receive from"
     return f"user {user!r} may not {verb} {address!r}"
+
+
+def _count_in(conn: Connection, endpoint: Any, kind: str, limit: int) -> bool | None:
+    """Count ``endpoint`` (a session or link: ``kind``) in on ``conn`` under ``limit`` (0: no
+    limit): True if it is in; False if refused (counted among the refused, which the client
+    has not ended yet); None if that makes more refused than the limit itself."""
+    if not limit:
+        return True
+    counted = kept(conn, f"qf_{kind}") or 0
+    if counted < limit:
+        setattr(conn, f"qf_{kind}", counted + 1)
+        endpoint.qf_counted = True
+        return True
+    refused = (kept(conn, f"qf_{kind}_refused") or 0) + 1
+    if refused > limit:
+        return None
+    setattr(conn, f"qf_{kind}_refused", refused)
+    endpoint.qf_refused = True
+    return False
+
+
+def _count_out(conn: Connection, endpoint: Any, kind: str, by_client: bool) -> None:
+    """``endpoint`` ended: out of ``conn``'s count (:func:`_count_in`); a refused one only
+    once the client ended it."""
+    if kept(endpoint, "qf_counted"):
+        endpoint.qf_counted = False
+        setattr(conn, f"qf_{kind}", kept(conn, f"qf_{kind}") - 1)
+    elif by_client and kept(endpoint, "qf_refused"):
+        endpoint.qf_refused = False
+        setattr(conn, f"qf_{kind}_refused", kept(conn, f"qf_{kind}_refused") - 1)
+
+
+def _too_many_refused(kind: str, ended: str, limit: int) -> Condition:
+    setting = f"max_{kind}_per_connection"
+    return Condition(RESOURCE_LIMIT, f"more than {limit} {kind} refused and not {ended} ({setting} = {limit})")
 
 
 def selector_in_force(source: Terminus) -> tuple[Selector | None, dict[Any, Any]]:
