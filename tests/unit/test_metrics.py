@@ -66,6 +66,16 @@ def _samples(destinations: list[dict[str, Any]], limit: int = 500) -> dict[tuple
     }
 
 
+def _enqueued_by_destination(registry: Any) -> dict[str, float]:
+    """qpid_flow_destination_messages_enqueued_total of a scrape, by destination label."""
+    return {
+        sample.labels["destination"]: sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+        if sample.name == "qpid_flow_destination_messages_enqueued_total"
+    }
+
+
 def test_router_metrics() -> None:
     samples = _samples([])
     assert samples[("qpid_flow_build_info", (("proton", "0.40.0"), ("python", "3.11.7"), ("version", "1.2.3")))] == 1
@@ -129,13 +139,7 @@ def test_a_destination_keeps_its_label_and_other_s_counters_never_go_down() -> N
     registry = registry_for(collector)
 
     def enqueued() -> dict[str, float]:
-        text = generate_latest(registry).decode()
-        return {
-            sample.labels["destination"]: sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "qpid_flow_destination_messages_enqueued_total"
-        }
+        return _enqueued_by_destination(registry)
 
     records[:] = [{**_record("B", 5), "enqueued": 3}, {**_record("A", 1), "enqueued": 100}]
     assert enqueued() == {"B": 3, OTHER: 100}
@@ -155,13 +159,7 @@ def test_other_s_counters_keep_a_destination_made_again_under_its_name() -> None
     registry = registry_for(RouterCollector(lambda _acknowledged: _snapshot(records), 1))
 
     def other_enqueued() -> float:
-        text = generate_latest(registry).decode()
-        return next(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "qpid_flow_destination_messages_enqueued_total" and sample.labels["destination"] == OTHER
-        )
+        return _enqueued_by_destination(registry)[OTHER]
 
     records[:] = [{**_record("B", 5), "enqueued": 3}, {**_record("A", 1), "enqueued": 1000}]
     assert other_enqueued() == 1000
@@ -177,13 +175,7 @@ def test_a_deleted_destination_s_final_counts_go_to_other_only_if_it_was_summed_
     registry = registry_for(RouterCollector(lambda _acknowledged: snapshots.pop(0), 1))
 
     def enqueued() -> dict[str, float]:
-        text = generate_latest(registry).decode()
-        return {
-            sample.labels["destination"]: sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "qpid_flow_destination_messages_enqueued_total"
-        }
+        return _enqueued_by_destination(registry)
 
     snapshots.append(_snapshot([{**_record("B", 5), "enqueued": 30}, {**_record("A", 1), "enqueued": 100}]))
     assert enqueued() == {"B": 30, OTHER: 100}
