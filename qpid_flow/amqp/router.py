@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -87,6 +88,10 @@ UNAUTHORIZED = "amqp:unauthorized-access"
 FRAMING_ERROR = "amqp:connection:framing-error"
 ILLEGAL_STATE = "amqp:illegal-state"
 INVALID_FIELD = "amqp:invalid-field"
+# How a client's connection is closed at shutdown, and any that opens after it began: as
+# RabbitMQ, Artemis and qpidd close theirs (a client reconnects, to this or another).
+FORCED = "amqp:connection:forced"
+SHUTTING_DOWN = "qpid-flow is shutting down"
 _NULL = ffi.NULL
 _connection_ids = itertools.count(1)
 # What a transfer gets when others to its address are held (whatever a policy answered,
@@ -286,16 +291,17 @@ class Router(Handler):
         return False
 
     def admit_connection(self, conn: Connection) -> bool:
-        """Count a client connection in; over a limit, close it (after its open) and say no."""
+        """Count a client connection in; over a limit, or once shutdown began (a client
+        still in its handshake then), close it (after its open) and say no."""
         user = user_of(conn)
-        refusal = self.limits.admit(user)
+        refusal, condition = (self.limits.admit(user), RESOURCE_LIMIT) if self.accepting else (SHUTTING_DOWN, FORCED)
         if refusal is None:
             conn.qf_admitted = True
             return True
         log.warning("connection_refused", remote=str(conn.url or ""), user=user, reason=refusal)
         if conn.state & Endpoint.LOCAL_UNINIT:
             conn.open()
-        conn.condition = Condition(RESOURCE_LIMIT, refusal)
+        conn.condition = Condition(condition, refusal)
         conn.close()
         return False
 
@@ -843,6 +849,11 @@ class Router(Handler):
         link.close()
 
     def _on_transfer(self, link: Link, delivery: LeanDelivery, data: bytes) -> None:
+        if not self.accepting and link.connection.state & Endpoint.LOCAL_CLOSED:
+            # Sent before the client heard the shutdown's close: no outcome can reach it
+            # any more, so the message is not taken (the client sends it again elsewhere).
+            delivery.settle()
+            return
         producer: Producer | None = kept(link, "qf_producer")
         if producer is None:  # every other link qpid-flow receives on is a coordinator
             self.coordinator.on_control(link, delivery, data)
@@ -1088,14 +1099,18 @@ class Router(Handler):
         it (a temporary queue whose last consumer left): the delayed settlements are given
         (their messages were taken), the held transfers released (never taken: their
         producers may send them again)."""
-        for message, settlement in self._delayed.pop(address, ()):
-            if message.producer_id in self._producers:
-                self._settle_producer(message, settlement)
+        self._give_delayed(self._delayed.pop(address, ()))
         for message in self._held.pop(address, ()):
             self.memory.unhold(message.size)
             self._undecided_for_good(message, f"{address!r} was deleted before flow control admitted a transfer to it")
             if message.producer_id in self._producers:
                 self._settle_producer(message, Settlement.released())
+
+    def _give_delayed(self, entries: Iterable[tuple[Message, Settlement]]) -> None:
+        """Settlements a policy was delaying go to their producers now, in order."""
+        for message, settlement in entries:
+            if message.producer_id in self._producers:
+                self._settle_producer(message, settlement)
 
     def _undecided_for_good(self, message: Message, why: str) -> None:
         """A held transfer will never be admitted: the transaction it belongs to (if any)
@@ -1236,10 +1251,18 @@ class Router(Handler):
                 destination.release_held(consumer)
                 consumer.credit = 0
 
+    def give_delayed_outcomes(self) -> None:
+        """Shutdown: every settlement a policy was delaying goes to its producer before the
+        close. Their messages were taken (enqueued, or accepted by the broker): a producer
+        left without its outcome would send them again, and they would be there twice."""
+        delayed, self._delayed = self._delayed, {}
+        for entries in delayed.values():
+            self._give_delayed(entries)
+
     def close_connections(self, description: str) -> None:
         for conn in list(self.connections):
             if conn.state & Endpoint.LOCAL_ACTIVE:
-                conn.condition = Condition("amqp:connection:forced", description)
+                conn.condition = Condition(FORCED, description)
                 conn.close()
 
 

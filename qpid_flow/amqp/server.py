@@ -27,7 +27,7 @@ from qpid_flow.amqp.bridge import ReactorBridge
 from qpid_flow.amqp.gate import Gate
 from qpid_flow.amqp.linkroute import BrokerRouter
 from qpid_flow.amqp.reactor import RelayContainer
-from qpid_flow.amqp.router import Router
+from qpid_flow.amqp.router import SHUTTING_DOWN, Router
 from qpid_flow.amqp.timers import Call
 from qpid_flow.amqp.upstream import GroupReader
 from qpid_flow.config import RouterConfig, declared_settings
@@ -223,8 +223,9 @@ class Server(Handler):
         if waiting:
             log.warning("shutdown_outcomes_missing", transfers=waiting)
         self.router.release_consumers()
+        self.router.give_delayed_outcomes()
         self.backend.shutdown()
-        self.router.close_connections("qpid-flow is shutting down")
+        self.router.close_connections(SHUTTING_DOWN)
         if self.admin is not None:
             self.admin.stop()
         self.bridge.close()

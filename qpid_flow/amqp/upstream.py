@@ -196,6 +196,9 @@ class _ReaderConnection(Handler):
 
     def on_connection_remote_close(self, event: Event) -> None:
         if event.connection == self._connection:
+            if event.connection.state & Endpoint.LOCAL_CLOSED:
+                self._lost()  # the broker answered qpid-flow's own close (shutdown)
+                return
             condition = event.connection.remote_condition
             log.warning(
                 "upstream_closed_by_broker",
