@@ -123,7 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"qpid-flow: configuration error: {exc}", file=sys.stderr)
         return 2
-    from qpid_flow.amqp.server import Server
+    from qpid_flow.amqp.server import ListenError, Server
     from qpid_flow.logs import configure_logging
 
     configure_logging(config.log_level, config.log_format)
@@ -139,7 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
     except AdminListenError as exc:
         print(f"qpid-flow: cannot listen on admin = {exc.listen}: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
+    except ListenError as exc:
         print(f"qpid-flow: cannot listen on {config.listen}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -149,6 +149,22 @@ class BatchingIOHandler(IOHandler):
         self._upstream_of: dict[Any, Any] = {}
         self._paused: dict[Any, float] = {}
 
+    def on_connection_bound(self, event: Event) -> None:
+        """Proton's own: resolve the peer's name and connect. A name that does not resolve
+        (a DNS outage, a mistyped standby broker) or a socket refused at once raised out of
+        the reactor and ended the process; it is a failed connection like a refused one:
+        the transport closes with the error, and its owner (qpid-flow's own connection to
+        the broker) tries the next broker or backs off."""
+        try:
+            super().on_connection_bound(event)
+        except OSError as exc:
+            url = event.connection.url
+            address = f"{url.host}:{url.port}" if url is not None else "?"
+            transport = event.transport  # its owner logs the error (upstream_error)
+            transport.condition = Condition("proton:io", f"cannot connect to {address}: {exc}")
+            transport.close_tail()
+            transport.close_head()
+
     def pace(self, client: Any, upstream: Any) -> None:
         """Read the ``upstream`` connection (C pointer) only while ``client``'s backlog
         allows (see ``BACKLOG_HIGH``), for as long as both are bound."""

@@ -50,6 +50,13 @@ _SHUTDOWN_POLL = 0.05
 _HOUSEKEEPING_INTERVAL = 1.0
 
 
+class ListenError(OSError):
+    """A client listener's address (``listen``) cannot be bound."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+
+
 class Server(Handler):
     """Owns the container and everything that runs in it."""
 
@@ -119,7 +126,10 @@ class Server(Handler):
         self.container.handler = self.router
         self.container.selectable(self.bridge.injector)
         for scheme, host, port in self.config.listeners:
-            self.gates.append(self._gate(host, port, self.listener_tls if scheme == "amqps" else None))
+            try:
+                self.gates.append(self._gate(host, port, self.listener_tls if scheme == "amqps" else None))
+            except OSError as exc:
+                raise ListenError(exc) from exc
         if isinstance(self.router, BrokerRouter):
             self.router.probe = self.gates[0].probe
         for signum in (signal.SIGINT, signal.SIGTERM):

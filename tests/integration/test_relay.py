@@ -483,3 +483,42 @@ def test_a_broker_that_takes_connections_and_never_answers_is_passed_over(rabbit
         assert '"broker_silent"' in router.log_text() and '"upstream_open_timeout"' in router.log_text()
     finally:
         silent.close()
+
+
+def test_a_broker_name_that_does_not_resolve_is_passed_over(rabbitmq, qpid_flow_process) -> None:
+    """The first broker of the list has a name no DNS knows (an outage, a typo in a standby
+    entry). Proton's connect raised the lookup error out of the reactor: qpid-flow exited,
+    blaming its own listener ("cannot listen on ..."). It is a failed connection like a
+    refused one: qpid-flow's own connection and each client's go on to the next broker."""
+    import json
+    import urllib.request
+
+    from proton.utils import BlockingConnection
+
+    from .harness.router import admin_request
+
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        broker_url=f"amqp://no-such-broker.invalid:5672,{rabbitmq.url}",
+        extra_args=["--admin", admin, "--disable-plugin", "rabbitmq_depth"],
+    )
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(admin_request(admin, "/readyz"), timeout=5) as response:
+                return bool(json.loads(response.read())["status"] == "ready")
+        except OSError:
+            return False
+
+    assert wait_until(ready, timeout=30), router.log_tail()
+    address = unique("past-an-unknown-name")
+    connection = BlockingConnection(router.url, timeout=20)
+    try:
+        connection.create_sender(address).send(Message(body="through the second broker"))
+        receiver = connection.create_receiver(address, credit=1)
+        assert receiver.receive(timeout=20).body == "through the second broker"
+        receiver.accept()
+    finally:
+        connection.close()
+    assert router.returncode is None
+    assert "no-such-broker.invalid" in router.log_text()
