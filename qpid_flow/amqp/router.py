@@ -769,7 +769,7 @@ class Router(Handler):
             delivery.settle()
             destination = self.destinations.find(consumer.address)
             if destination is not None:
-                if settlement.annotations and message.upstream_epoch == 0:
+                if settlement.annotations:  # fetched grouped messages too: qpid-flow redelivers them
                     _annotate(destination, message, settlement)
                 destination.settle(consumer, message, settlement)
                 self.backend.demand_changed(destination)

@@ -37,6 +37,7 @@ import structlog
 from cproton import PN_RELEASED, pn_link_credit
 from proton import Condition, Endpoint, Handler, Link, Session, SSLDomain, Terminus
 
+from qpid_flow import codec
 from qpid_flow.amqp.endpoints import DeliveryEvent, LeanDelivery, keep_link, kept, take_transfer
 from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.outcomes import apply_settlement
@@ -392,10 +393,12 @@ class _ReaderConnection(Handler):
             delivery.settle_as(PN_RELEASED)  # came after the last consumer left
             return
         # The broker may send beyond the credit we gave (RabbitMQ does): keep it all.
-        message = Message(data, receiver.destination.address)
+        destination = receiver.destination
+        message = Message(data, destination.address)
         message.upstream_epoch = self.epoch
         message.on_dequeue = functools.partial(self._settle_upstream, self.epoch, delivery)
-        receiver.destination.enqueue(message, counted=False)
+        _take_time_to_live(message, destination)
+        destination.enqueue(message, counted=False)
         self._top_up(receiver)
 
     def on_session_remote_close(self, event: Event) -> None:
@@ -475,6 +478,21 @@ class _ReaderConnection(Handler):
             self._give_back_fetched(receiver.destination)
         if self._connection is not None and self._connection.state & Endpoint.LOCAL_ACTIVE:
             self._connection.close()
+
+
+def _take_time_to_live(message: Message, destination: Destination) -> None:
+    """A fetched message with a time to live expires here as it would have at the broker.
+    To the broker it is an unsettled delivery to qpid-flow's reader, which it never
+    expires: a message waiting behind its group's owner was delivered long after it
+    expired. Its header's ttl counts from its arrival here (when it reached the broker is
+    not known: never earlier than there); its absolute-expiry-time is exact. An expired one
+    leaves as standalone (the broker is told rejected, ``qpid-flow:expired``)."""
+    try:
+        message.expires, message.properties_at = codec.expiry_and_properties(message.data, message.arrived)
+    except codec.MalformedMessage:
+        return  # the consumer gets it as the broker sent it
+    if message.expires is not None:
+        destination.expiring = True
 
 
 class GroupReader:

@@ -457,3 +457,59 @@ def test_a_consumer_holding_a_group_is_detached_when_the_reader_connection_is_lo
         for connection in (first, second):
             with contextlib.suppress(Exception):
                 connection.close()
+
+
+def test_a_message_that_expires_waiting_behind_its_group_is_never_delivered(router_url) -> None:
+    """A1 is out to a consumer; A2, with a time to live of 0.5 s, waits behind it (same
+    group) for 2 s. RabbitMQ alone drops A2, and so does standalone qpid-flow. In front of
+    RabbitMQ it was delivered anyway: to the broker, A2 is an unsettled delivery to
+    qpid-flow's reader, which it never expires."""
+    from proton.utils import BlockingConnection
+
+    address = unique("grouped-ttl")
+    router = router_url(grouped_config(address))
+    connection = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = connection.create_sender(address)
+        for n in (1, 2, 3):
+            message = Message(body=f"A{n}", group_id="A")
+            if n == 2:
+                message.ttl = 0.5
+            sender.send(message)
+        receiver = connection.create_receiver(address, credit=0)  # one at a time: each receive asks for one
+        assert receiver.receive(timeout=15).body == "A1"
+        time.sleep(2.0)  # A2's time to live runs out while A1 holds the group
+        receiver.accept()
+        assert receiver.receive(timeout=15).body == "A3"
+        receiver.accept()
+    finally:
+        connection.close()
+
+
+def test_a_modified_outcomes_annotations_reach_the_next_delivery(router_url) -> None:
+    """AMQP 1.0 3.4.5: a modified outcome's message-annotations are merged into the message
+    for its next delivery (docs/behaviour.md, "Outcomes on qpid-flow's own destinations",
+    standalone and for grouped destinations in front of a broker). In front of RabbitMQ
+    the redelivery came without them."""
+    from proton import Delivery, symbol
+    from proton.utils import BlockingConnection
+
+    address = unique("grouped-modified")
+    router = router_url(grouped_config(address))
+    connection = BlockingConnection(router.url, timeout=15)
+    try:
+        connection.create_sender(address).send(Message(body="A1", group_id="A"))
+        receiver = connection.create_receiver(address, credit=1)
+        first = receiver.receive(timeout=15)
+        assert first.body == "A1" and not first.annotations
+        delivery = receiver.fetcher.unsettled[0]
+        delivery.local.failed = True
+        delivery.local.annotations = {symbol("x-opt-retry-reason"): "timeout"}
+        receiver.settle(Delivery.MODIFIED)
+        again = receiver.receive(timeout=15)
+        receiver.accept()
+        assert again.body == "A1"
+        assert again.delivery_count == 1
+        assert again.annotations == {symbol("x-opt-retry-reason"): "timeout"}
+    finally:
+        connection.close()
