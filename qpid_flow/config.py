@@ -133,6 +133,19 @@ def _positive_int(value: Any, key: str) -> int:
     return value
 
 
+# AMQP link credit is a uint, and Proton's link.flow() takes a C int: past 2^31 - 1 every
+# link the value becomes credit for fails (OverflowError), long after the start.
+MAX_CREDIT = 2**31 - 1
+
+
+def _link_credit(value: Any, key: str) -> int:
+    """A positive integer that becomes link credit (``producer_window``, ``consumer_lookahead``)."""
+    credit = _positive_int(value, key)
+    if credit > MAX_CREDIT:
+        raise ConfigError(key, value, f"must be at most {MAX_CREDIT} (link credit, a signed 32-bit integer)")
+    return credit
+
+
 def _niceness(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
         raise ConfigError(key, value, "must be a niceness from 0 (as the router) to 19 (lowest priority)")
@@ -236,6 +249,15 @@ def _string_list(value: Any, key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(key, value, "must be a list of strings")
     return list(value)
+
+
+def _plugins_to_disable(value: Any, key: str) -> list[str]:
+    """Names of plugins not to load, each the name of a plugin on this machine."""
+    from qpid_flow.plugin import manager  # not at the top: the manager reads this module
+
+    names = _string_list(value, key)
+    manager.check_names_to_disable(names, key, value)
+    return names
 
 
 # --- Access control -----------------------------------------------------------------------
@@ -435,10 +457,14 @@ def is_pattern(name: str) -> bool:
     return any(segment in ("*", ">") for segment in name.split("."))
 
 
-def _specificity(pattern: str) -> tuple[int, int, int]:
+def _specificity(pattern: str) -> tuple[int, int, int, tuple[bool, ...]]:
+    """How specific a pattern is, the larger the more: more literal segments, then no
+    ``>``, then more segments, then the leftmost literal (``a.*`` over ``*.b`` for
+    ``a.b``). The last key settles every tie between two patterns matching one address,
+    so the file's order (or the order policies were set at runtime) never decides."""
     segments = pattern.split(".")
-    literal = sum(1 for s in segments if s not in ("*", ">"))
-    return (literal, 0 if ">" in segments else 1, len(segments))
+    is_literal = tuple(s not in ("*", ">") for s in segments)
+    return (sum(is_literal), 0 if ">" in segments else 1, len(segments), is_literal)
 
 
 # --- The router configuration --------------------------------------------------------------
@@ -592,8 +618,8 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "broker": _broker_url,
     "broker_dialect": _one_of("auto", "rabbitmq", "plain"),
     "admin": _host_port,
-    "producer_window": _positive_int,
-    "consumer_lookahead": _positive_int,
+    "producer_window": _link_credit,
+    "consumer_lookahead": _link_credit,
     "default_max_count": parse_non_negative_int,
     "default_max_size": parse_size,
     "max_message_size": parse_size,
@@ -611,7 +637,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "memory_limit": parse_size,
     "log_level": _one_of("debug", "info", "warning", "error"),
     "log_format": _one_of("auto", "json", "console"),
-    "disable_plugins": _string_list,
+    "disable_plugins": _plugins_to_disable,
     "tls_cert": _existing_file,
     "tls_key": _existing_file,
     "tls_ca": _existing_file,
@@ -658,35 +684,29 @@ def build_config(
     destination table (``qpid_flow_destination_settings``,
     ``qpid_flow_destination_policy_check``); None: the plugins qpid-flow would load with
     this configuration."""
-    values: dict[str, Any] = {}
-    tables: Any = {}
-    plugin_tables: dict[str, dict[str, Any]] = {}
-    merged = dict(data)
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            merged[key] = value
-    for key, raw in merged.items():
-        if key == "destinations":
-            if not isinstance(raw, dict):
-                raise ConfigError(key, raw, 'must be tables: [destinations."NAME"]')
-            tables = raw
-        elif key == "plugins":
-            if not isinstance(raw, dict) or not all(isinstance(t, dict) for t in raw.values()):
-                raise ConfigError(key, _Elided(raw), "must be tables: [plugins.NAME]")
-            plugin_tables = {name: dict(table) for name, table in raw.items()}
-        elif key in _ROUTER_KEYS:
-            values[key] = _ROUTER_KEYS[key](raw, key)
-        else:
-            raise ConfigError(key, raw, "unknown key; known: " + ", ".join([*_ROUTER_KEYS, "destinations", "plugins"]))
+    given = {key: value for key, value in (overrides or {}).items() if value is not None}
+    # The file's values are checked even where the command line or the environment
+    # overrides them: listen = "nohostport" behind --listen started, and stopped the
+    # first start without the flag.
+    values = {**_read_keys(data), **_read_keys(given)}
+    tables: dict[str, Any] = values.pop("destinations", {})
+    plugin_tables: dict[str, dict[str, Any]] = values.pop("plugins", {})
     from qpid_flow.plugin import manager  # not at the top: the manager reads this module
 
+    checked_tables = plugins is None
     if plugins is None:
+        # The file's and the command line's names are checked as they are read (disable_plugins).
+        from_environment = manager.disabled_in_environment()
+        manager.check_names_to_disable(from_environment, manager.DISABLE_ENVIRONMENT, ",".join(from_environment))
         plugins = manager.build_plugin_manager(values.get("disable_plugins", ()))
+    declared = declared_settings(s for group in plugins.hook.qpid_flow_destination_settings() for s in group)
+    if checked_tables:
         # The plugins qpid-flow loads (the server builds the same set from this configuration).
         # A manager given by the caller (qpid_flow.testing.make_hooks) names its plugins as it
         # likes ("myplugin-0"), not as the tables a plugin reads: not checked against them.
-        _check_plugin_tables(plugin_tables, manager.loaded_plugins(plugins), manager.disabled_plugins(plugins))
-    declared = declared_settings(s for group in plugins.hook.qpid_flow_destination_settings() for s in group)
+        loaded = manager.loaded_plugins(plugins)
+        _check_plugin_tables(plugin_tables, loaded, manager.disabled_plugins(plugins))
+        _check_tables_of_plugins_without_settings(plugin_tables, loaded, [*_DESTINATION_KEYS, *declared])
     destinations = {pattern: parse_destination(pattern, table, declared) for pattern, table in tables.items()}
     config = RouterConfig(destinations=destinations, plugins=plugin_tables, destination_settings=declared, **values)
     if config.default_flow_resume_threshold > config.default_flow_stop_threshold:
@@ -702,6 +722,26 @@ def build_config(
     return config
 
 
+def _read_keys(source: Mapping[str, Any]) -> dict[str, Any]:
+    """Each top-level key of ``source`` (the file, or the overrides) checked and parsed;
+    ``destinations`` and ``plugins`` checked to be tables, their contents read later."""
+    values: dict[str, Any] = {}
+    for key, raw in source.items():
+        if key == "destinations":
+            if not isinstance(raw, dict):
+                raise ConfigError(key, raw, 'must be tables: [destinations."NAME"]')
+            values[key] = raw
+        elif key == "plugins":
+            if not isinstance(raw, dict) or not all(isinstance(t, dict) for t in raw.values()):
+                raise ConfigError(key, _Elided(raw), "must be tables: [plugins.NAME]")
+            values[key] = {name: dict(table) for name, table in raw.items()}
+        elif key in _ROUTER_KEYS:
+            values[key] = _ROUTER_KEYS[key](raw, key)
+        else:
+            raise ConfigError(key, raw, "unknown key; known: " + ", ".join([*_ROUTER_KEYS, "destinations", "plugins"]))
+    return values
+
+
 class _Elided:
     """A plugin's table as a refusal shows it: its keys, not its values. What they hold is
     the plugin's business and may be a password (a URL with credentials, a token)."""
@@ -715,6 +755,16 @@ class _Elided:
         return "{" + ", ".join(f"{key} = ..." for key in self.table) + "}"
 
 
+class _Unshown:
+    """One value of a plugin's table, as a refusal shows it: not at all (see _Elided)."""
+
+    def __repr__(self) -> str:
+        return "..."
+
+
+_UNSHOWN = _Unshown()
+
+
 def _check_plugin_tables(tables: Mapping[str, Any], loaded: list[str], disabled: list[str]) -> None:
     """Refuse a ``[plugins.NAME]`` table that no loaded plugin has (checked once the plugins
     are loaded, before any is configured: a plugin may leave as it is configured). Its
@@ -726,6 +776,34 @@ def _check_plugin_tables(tables: Mapping[str, Any], loaded: list[str], disabled:
         if name not in loaded and name not in disabled:
             known = ", ".join(loaded) or "none"
             raise ConfigError(f"plugins.{name}", _Elided(table), f"names no loaded plugin; loaded: {known}")
+
+
+def _check_tables_of_plugins_without_settings(
+    tables: Mapping[str, Any], loaded: list[str], destination_keys: list[str]
+) -> None:
+    """Refuse any key in the table of a loaded plugin that reads none (qpid-flow's own,
+    :data:`~qpid_flow.plugin.manager.PLUGINS_WITHOUT_SETTINGS`), as a plugin with settings
+    refuses a key it does not know (``[plugins.rabbitmq_depth]``). Router keys put there
+    (``[plugins.flow] default_flow_stop_threshold = 50``) were ignored: the router ran with
+    80. The value is not shown, as for any plugin table (:class:`_Elided`): a misplaced
+    ``broker_password`` is still a password."""
+    from qpid_flow.plugin.manager import PLUGINS_WITHOUT_SETTINGS
+
+    for name, table in tables.items():
+        if name not in loaded or name not in PLUGINS_WITHOUT_SETTINGS:
+            continue
+        for key in table:
+            rule = f"unknown key: the {name} plugin has no settings{_where_it_belongs(key, destination_keys)}"
+            raise ConfigError(f"plugins.{name}.{key}", _UNSHOWN, rule)
+
+
+def _where_it_belongs(key: str, destination_keys: list[str]) -> str:
+    """Where ``key`` goes when it is the router's or a destination's ("" when neither)."""
+    if key in _ROUTER_KEYS:
+        return f"; {key} is a router key: put it at the top of the file, before any [table]"
+    if key in destination_keys:
+        return f'; {key} is a destination key: put it in a [destinations."NAME"] table'
+    return ""
 
 
 def _check_security(config: RouterConfig) -> None:
@@ -742,6 +820,12 @@ def _check_security(config: RouterConfig) -> None:
     if (config.broker_tls_cert is None) != (config.broker_tls_key is None):
         missing = "broker_tls_cert" if config.broker_tls_cert is None else "broker_tls_key"
         raise ConfigError(missing, None, "broker_tls_cert and broker_tls_key go together")
+    if config.broker_password is not None and config.broker_user is None:
+        # As a broker URL with a password and no user is refused: it was dropped silently,
+        # and qpid-flow signed in at the broker anonymously (or not at all).
+        raise ConfigError(
+            "broker_password", "***", "has no broker_user: set broker_user (or QPID_FLOW_BROKER_USER) too"
+        )
     if config.broker is not None and config.users_file is not None:
         raise ConfigError(
             "users_file",

@@ -43,10 +43,14 @@ from qpid_flow.plugin import hookspecs
 __all__ = [
     "BUILTIN_PLUGINS",
     "CREDIT_AFTER_FAILURE",
+    "PLUGINS_WITHOUT_SETTINGS",
     "PLUGIN_ERRORS",
     "Hooks",
     "build_plugin_manager",
+    "check_names_to_disable",
+    "disabled_in_environment",
     "disabled_plugins",
+    "known_plugin_names",
     "load_plugin",
     "loaded_plugins",
     "module_plugin",
@@ -73,8 +77,42 @@ BUILTIN_PLUGINS: dict[str, str] = {
 }
 
 
+# qpid-flow's own plugins read no ``[plugins.NAME]`` table: their settings are router keys
+# (top level) and destination keys (declared with qpid_flow_destination_settings). A key
+# in such a table would never be read (config.build_config refuses it).
+PLUGINS_WITHOUT_SETTINGS: frozenset[str] = frozenset(BUILTIN_PLUGINS)
+
+
 def _names_from_env(variable: str) -> list[str]:
     return [name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()]
+
+
+def disabled_in_environment() -> list[str]:
+    """The names ``$QPID_FLOW_DISABLE_PLUGINS`` disables."""
+    return _names_from_env(DISABLE_ENVIRONMENT)
+
+
+def known_plugin_names() -> list[str]:
+    """Every name a plugin has on this machine, sorted: the built-ins, the entry points of
+    the ``qpid_flow`` group installed, and the entries of ``$QPID_FLOW_PLUGINS``."""
+    from importlib.metadata import entry_points  # only here: scanning what is installed takes a while
+
+    installed = {entry_point.name for entry_point in entry_points(group=ENTRY_POINT_GROUP)}
+    return sorted({*BUILTIN_PLUGINS, *installed, *_names_from_env(PLUGINS_ENVIRONMENT)})
+
+
+def check_names_to_disable(names: Iterable[str], key: str, value: Any) -> None:
+    """Raises ConfigError (``key`` = ``value``) when a name to disable names no plugin of
+    :func:`known_plugin_names`. Such a name disabled nothing: ``--disable-plugin flw`` left
+    flow control on, silently. A plugin not installed on this machine is not loaded
+    anyway: its name is refused too, so that a typo can never pass for it."""
+    names = list(names)
+    if not names:
+        return
+    known = known_plugin_names()
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ConfigError(key, value, f"{unknown[0]!r} names no plugin; known: {', '.join(known)}")
 
 
 def build_plugin_manager(disabled: Iterable[str] = (), *, installed: bool = True) -> pluggy.PluginManager:
@@ -85,7 +123,7 @@ def build_plugin_manager(disabled: Iterable[str] = (), *, installed: bool = True
     plugin implements no hook: it was most likely loaded wrong, and would do nothing."""
     pm = pluggy.PluginManager("qpid_flow")
     pm.add_hookspecs(hookspecs)
-    blocked = set(disabled) | set(_names_from_env(DISABLE_ENVIRONMENT))
+    blocked = set(disabled) | set(disabled_in_environment())
     for name in blocked:
         pm.set_blocked(name)
     for name, module_name in BUILTIN_PLUGINS.items():
@@ -153,8 +191,9 @@ def loaded_plugins(pm: pluggy.PluginManager) -> list[str]:
 
 
 def disabled_plugins(pm: pluggy.PluginManager) -> list[str]:
-    """The names disabled (blocked), sorted: built-ins and plugins left out, and names that
-    matched nothing."""
+    """The names disabled (blocked), sorted: built-ins and plugins left out. A name that
+    matches nothing is listed too (pluggy blocks any name); qpid-flow's configuration
+    refuses one before it gets here (:func:`check_names_to_disable`)."""
     return sorted(name for name, plugin in pm.list_name_plugin() if plugin is None)
 
 

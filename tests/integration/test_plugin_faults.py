@@ -82,12 +82,29 @@ def test_the_docs_example_plugin_loaded_as_documented_refuses_big_messages(
 def test_the_listening_event_lists_the_plugins_loaded_and_apart_the_names_disabled(
     plugin_dir: Path, qpid_flow_router: Callable[..., RouterProcess]
 ) -> None:
-    router = qpid_flow_router(env={"QPID_FLOW_DISABLE_PLUGINS": "groups,no_such_plugin"})
+    router = qpid_flow_router(env={"QPID_FLOW_DISABLE_PLUGINS": "groups"})
     event = listening(router)
     assert "groups" not in event["plugins"]
-    assert "no_such_plugin" not in event["plugins"]
     assert {"passthrough", "flow"} <= set(event["plugins"])  # "events" leaves itself when no log is set
-    assert event["disabled"] == ["groups", "no_such_plugin"]
+    assert event["disabled"] == ["groups"]
+
+
+def test_a_name_to_disable_that_names_no_plugin_stops_the_start_with_one_line() -> None:
+    """A typo in a name to disable (``flw``) disabled nothing, silently: flow control stayed on."""
+    environment = {**os.environ, "QPID_FLOW_DISABLE_PLUGINS": "groups,no_such_plugin"}
+    result = subprocess.run(
+        [sys.executable, "-m", "qpid_flow", "serve", "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    )
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(
+        "qpid-flow: configuration error: QPID_FLOW_DISABLE_PLUGINS = 'groups,no_such_plugin': "
+        "'no_such_plugin' names no plugin; known: events, flow, groups, passthrough"
+    )
 
 
 def test_a_plugin_implementing_no_hook_stops_the_start_with_one_line(plugin_dir: Path) -> None:

@@ -499,3 +499,39 @@ def test_user_add_that_cannot_write_exits_1(
     code, out, err = run(capsys, "user", "add", str(path), "alice")
     assert (code, out) == (1, "")
     assert err.startswith(f"qpid-flow: cannot write {path}: ")
+
+
+# --- qpid-flow serve: a refused configuration never starts ------------------------------------
+
+
+class NeverStarted:
+    """Stands in for the router: a test fails, rather than hangs, when serve gets this far."""
+
+    def __init__(self, config: Any) -> None:
+        raise AssertionError("serve started a router with a configuration it should have refused")
+
+
+@pytest.mark.parametrize(
+    ("file_text", "argv", "line"),
+    [
+        # A typo disabled nothing: flow control stayed on, silently.
+        ("", ["--disable-plugin", "flw"], "disable_plugins = ['flw']: 'flw' names no plugin; known: events, flow"),
+        # The file's value hidden behind the flag stopped the first start without it.
+        ('listen = "nohostport"\n', [], "listen = 'nohostport': must be HOST:PORT, e.g. 127.0.0.1:5673"),
+    ],
+)
+def test_serve_refuses_in_one_line_what_it_once_started_with(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    file_text: str,
+    argv: list[str],
+    line: str,
+) -> None:
+    monkeypatch.setattr("qpid_flow.amqp.server.Server", NeverStarted)
+    monkeypatch.setattr("qpid_flow.logs.configure_logging", lambda *args: None)
+    config = tmp_path / "qpid-flow.toml"
+    config.write_text(file_text)
+    code, out, err = run(capsys, "serve", "--config", str(config), "--listen", "127.0.0.1:0", *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"qpid-flow: configuration error: {line}") and err.count("\n") == 1

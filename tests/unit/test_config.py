@@ -340,3 +340,115 @@ def test_a_manager_given_by_a_test_helper_is_not_checked_against_the_tables() ->
 
     make_hooks(MyPlugin(), config={"plugins": {"my_plugin": {"limit": 3}}})
     assert MyPlugin.seen == {"limit": 3}
+
+
+# --- rules the review found missing ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["producer_window", "consumer_lookahead"])
+def test_a_count_that_becomes_link_credit_is_at_most_proton_s_signed_32_bit_credit(key: str) -> None:
+    """3,000,000,000 passed the start and then failed every link with OverflowError in
+    Proton's link.flow()."""
+    assert getattr(build_config({key: 2**31 - 1}), key) == 2**31 - 1
+    with pytest.raises(ConfigError) as refused:
+        build_config({key: 2**31})
+    rule = "must be at most 2147483647 (link credit, a signed 32-bit integer)"
+    assert str(refused.value) == f"{key} = 2147483648: {rule}"
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "belongs"),
+    [
+        ({"flow": {"default_flow_stop_threshold": 50}}, "plugins.flow.default_flow_stop_threshold", "router key"),
+        ({"groups": {"flow_stop_count": 5}}, "plugins.groups.flow_stop_count", 'in a [destinations."NAME"] table'),
+        ({"passthrough": {"window": 5}}, "plugins.passthrough.window", ""),
+        ({"events": {"broker_password": "S3cret"}}, "plugins.events.broker_password", "router key"),
+    ],
+)
+def test_a_key_in_the_table_of_a_built_in_plugin_is_refused_saying_where_it_belongs(
+    table: dict, key: str, belongs: str
+) -> None:
+    """qpid-flow's own plugins read no [plugins.NAME] table: [plugins.flow]
+    default_flow_stop_threshold = 50 started silently with 80 in force."""
+    name = next(iter(table))
+    with pytest.raises(ConfigError) as refused:
+        build_config({"plugins": table})
+    assert refused.value.key == key
+    assert str(refused.value).startswith(f"{key} = ...: unknown key: the {name} plugin has no settings")
+    assert belongs in str(refused.value)
+    assert "S3cret" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_broker_password_without_a_user_is_refused_as_in_a_url() -> None:
+    """It was accepted and dropped: qpid-flow signed in at the broker without it."""
+    for config in (
+        lambda: load_config(None, {"broker": "amqp://b:5672"}, {"QPID_FLOW_BROKER_PASSWORD": "S3cret"}),
+        lambda: build_config({"broker": "amqp://b:5672", "broker_password": "S3cret"}),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            config()
+        assert str(refused.value) == (
+            "broker_password = '***': has no broker_user: set broker_user (or QPID_FLOW_BROKER_USER) too"
+        )
+    assert build_config({"broker_user": "u", "broker_password": "p"}).broker_password == "p"
+
+
+@pytest.mark.parametrize("source", ["file", "environment"])
+def test_a_name_to_disable_that_no_plugin_has_is_refused(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """disable_plugins = ["flw"] disabled nothing: flow control stayed on, silently."""
+    monkeypatch.delenv("QPID_FLOW_PLUGINS", raising=False)
+    monkeypatch.delenv("QPID_FLOW_DISABLE_PLUGINS", raising=False)
+    if source == "file":
+        data: dict = {"disable_plugins": ["groups", "flw"]}
+        line = "disable_plugins = ['groups', 'flw']: 'flw' names no plugin; known: events, flow, groups"
+    else:
+        monkeypatch.setenv("QPID_FLOW_DISABLE_PLUGINS", "groups,flw")
+        data = {}
+        line = "QPID_FLOW_DISABLE_PLUGINS = 'groups,flw': 'flw' names no plugin; known: events, flow, groups"
+    with pytest.raises(ConfigError) as refused:
+        build_config(data)
+    assert str(refused.value).startswith(line)
+
+
+def test_a_plugin_named_in_qpid_flow_plugins_may_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QPID_FLOW_PLUGINS", "my_policy")  # disabled: never imported
+    assert build_config({"disable_plugins": ["my_policy", "flow"]}).disable_plugins == ["my_policy", "flow"]
+
+
+@pytest.mark.parametrize(
+    ("file_text", "overrides", "key"),
+    [
+        ('listen = "nohostport"\n', {"listen": "127.0.0.1:0"}, "listen"),
+        ("producer_window = 0\n", {}, "producer_window"),
+        ('broker = "http://b"\n', {"broker": "amqp://b:5672"}, "broker"),
+        ('disable_plugins = ["flw"]\n', {"disable_plugins": ["groups"]}, "disable_plugins"),
+    ],
+)
+def test_a_file_value_the_command_line_overrides_is_checked_all_the_same(
+    tmp_path: Path, file_text: str, overrides: dict, key: str
+) -> None:
+    """listen = "nohostport" in the file started behind --listen, and stopped the first
+    start without the flag."""
+    path = tmp_path / "qpid-flow.toml"
+    path.write_text(file_text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, overrides)
+    assert refused.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("patterns", "address", "winner"),
+    [
+        (["a.*", "*.b"], "a.b", "a.*"),
+        (["a.b.*", "a.*.c"], "a.b.c", "a.b.*"),
+        (["*.b.>", "a.*.>"], "a.b.c", "a.*.>"),
+    ],
+)
+def test_a_tie_between_patterns_goes_to_the_leftmost_literal_in_any_order(
+    patterns: list[str], address: str, winner: str
+) -> None:
+    """``a.*`` and ``*.b`` both match ``a.b`` with one literal segment each: the one later
+    in the file won."""
+    for order in (patterns, patterns[::-1]):
+        config = build_config({"destinations": {pattern: {"max_count": 1} for pattern in order}})
+        assert config.policy_for(address).pattern == winner

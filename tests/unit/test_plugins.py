@@ -224,3 +224,22 @@ def test_a_plugin_in_the_environment_that_cannot_be_loaded_is_one_configuration_
     assert str(refused.value) == f"QPID_FLOW_PLUGINS = {spec!r}: {rule}"
     assert cli.main(["serve", "--listen", "127.0.0.1:0"]) == 2
     assert capsys.readouterr().err == f"qpid-flow: configuration error: QPID_FLOW_PLUGINS = {spec!r}: {rule}\n"
+
+
+def test_a_plugin_installed_through_an_entry_point_may_be_disabled_by_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The names a plugin may be disabled by are those on this machine; any other is a
+    ConfigError listing them (a typo disabled nothing)."""
+    from qpid_flow.config import ConfigError
+    from qpid_flow.plugin import manager
+
+    class InstalledEntryPoint:
+        name = "rabbitmq_depth"
+
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [InstalledEntryPoint()])
+    monkeypatch.setenv("QPID_FLOW_PLUGINS", "my_policy")
+    assert manager.known_plugin_names() == ["events", "flow", "groups", "my_policy", "passthrough", "rabbitmq_depth"]
+    manager.check_names_to_disable(["rabbitmq_depth", "my_policy"], "disable_plugins", None)
+    with pytest.raises(ConfigError, match=r"^disable_plugins = \['rabbitmq-depth'\]: 'rabbitmq-depth' names no plugin"):
+        manager.check_names_to_disable(["rabbitmq-depth"], "disable_plugins", ["rabbitmq-depth"])
