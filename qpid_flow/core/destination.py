@@ -106,6 +106,7 @@ class Destination:
         self.temporary = False  # made for a dynamic source: deleted with its link
         self.idle_since: float | None = None  # when it was last found unused (forgetting)
         self.largest_message = 0  # for estimating how many more messages fit in bytes
+        self.newest_in = 0  # the sequence number of the message counted in last
         # Transfers admitted in open transactions, enqueued at their commit: not in the
         # depth yet, but flow control must not grant credit as if they were not coming.
         self.staged_count = 0
@@ -191,6 +192,7 @@ class Destination:
         self.enqueued_total += 1
         if size > self.largest_message:
             self.largest_message = size
+        self.newest_in = message.sequence
         self._hooks.depth_changed(destination=self)
 
     def count_out(self, message: Message) -> None:
