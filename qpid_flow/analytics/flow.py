@@ -61,12 +61,16 @@ def flow_periods(events: DataFrame, run_end: DataFrame | None = None) -> DataFra
         run_end = run_ends(events)
     stopped = changes.where(F.col("event") == "flow_stopped").join(F.broadcast(run_end), "run")
     is_open = F.col("next_event").isNull()
+    end = F.when(is_open, F.col("run_end")).otherwise(F.col("next_ts"))
     return stopped.select(
         "run",
         "address",
         F.col("ts").alias("start"),
-        F.when(is_open, F.col("run_end")).otherwise(F.col("next_ts")).alias("end"),
-        (F.when(is_open, F.col("run_end")).otherwise(F.col("next_ts")) - F.col("ts")).alias("seconds"),
+        end.alias("end"),
+        # A period that ends before it starts (the wall clock was set back meanwhile) has
+        # no length the log can tell: none, left out of the sums (flow_by_destination
+        # counts it).
+        F.when(end >= F.col("ts"), end - F.col("ts")).alias("seconds"),
         is_open.alias("open"),
         F.col("depth").alias("depth_at_stop"),
         F.col("bytes").alias("bytes_at_stop"),
@@ -148,6 +152,7 @@ def flow_by_destination(events: DataFrame, periods: DataFrame, levels: DataFrame
         F.max("seconds").alias("longest_stop_seconds"),
         F.sum(F.col("seconds") * F.coalesce(F.col("producers"), F.lit(0))).alias("producer_seconds_blocked"),
         F.sum(F.col("open").cast("int")).alias("open_at_end"),
+        F.count(F.when(F.col("end") < F.col("start"), F.lit(1))).alias("durations_left_out"),
     )
     if levels is None:
         levels = destination_levels(events)
@@ -167,6 +172,7 @@ def flow_by_destination(events: DataFrame, periods: DataFrame, levels: DataFrame
         F.coalesce("flowStopSize", F.lit(0)).alias("flowStopSize"),
         F.coalesce("max_overshoot_count", F.lit(0)).alias("max_overshoot_count"),
         F.coalesce("max_overshoot_bytes", F.lit(0)).alias("max_overshoot_bytes"),
+        F.coalesce("durations_left_out", F.lit(0)).alias("durations_left_out"),
     )
 
 

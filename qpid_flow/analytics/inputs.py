@@ -81,3 +81,23 @@ def current_files(paths: Sequence[str]) -> list[str]:
             current.append(path)
     # A stream and its Parquet file, listed under different names, may have become one file.
     return unique_files(current)
+
+
+def damaged_parquet(paths: Sequence[str]) -> tuple[str, str] | None:
+    """The first local Parquet file of ``paths`` whose footer cannot be read (a truncated
+    copy, or no Parquet at all), and why. Read on the driver before Spark starts, a
+    footer at a time (a few kilobytes each): Spark would fail on such a file in the middle
+    of the report, with a Java trace. A file gone meanwhile is Spark's to skip."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in paths:
+        if "://" in path or not path.endswith(".parquet"):
+            continue
+        try:
+            pq.read_metadata(path)
+        except FileNotFoundError:
+            continue
+        except (OSError, pa.ArrowException) as exc:
+            return path, str(exc)
+    return None

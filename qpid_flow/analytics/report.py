@@ -9,6 +9,8 @@ Also runnable by spark-submit, unchanged::
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shutil
 import sys
 import tempfile
@@ -20,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from qpid_flow.analytics.inputs import InputError, expand_inputs
+from qpid_flow.analytics.inputs import InputError, damaged_parquet, expand_inputs
 
 if TYPE_CHECKING:
     from qpid_flow.analytics.class_archive import ClassArchive
@@ -98,6 +100,8 @@ class ReportResult:
     overlap_violations: list[dict[str, Any]] = field(default_factory=list)
     advice: list[dict[str, Any]] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
+    # What was wrong with the input (repeats dropped, damaged streams): a line each.
+    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     step_seconds: list[tuple[str, float]] = field(default_factory=list)
 
@@ -192,16 +196,33 @@ def _write_csv(folder: Path, columns: Sequence[str], rows: list[dict[str, Any]])
             writer.writerow([_csv_value(row[c]) for c in columns])
 
 
-def _read_inputs(spark: Any, paths: list[str], scratch: Path) -> Any:
-    """Every input as one frame of the event schema: JSON lines (plain or gzip) parsed
-    with the schema; the columnar log's Parquet segments read as they are; an open
-    segment's Arrow stream (``.arrows``: a router still running, or killed) converted to
-    Parquet in ``scratch`` first, since Spark has no reader for it.
+# The JSON reader puts a line it cannot parse whole (not JSON, or a field of the wrong type,
+# which it would otherwise read as null) in this column: such a line is counted unreadable.
+CORRUPT_RECORD = "_corrupt_record"
+
+
+class DamagedStream(NamedTuple):
+    """An open segment's stream read up to a corrupt batch (or not at all: a damaged head)."""
+
+    path: str
+    reason: str  # writers._read_stream's: "batch 3: ..." or "stream head: ..."
+    records: int  # the records read before the damage
+
+
+def _read_inputs(spark: Any, paths: list[str], scratch: Path) -> tuple[Any, list[DamagedStream]]:
+    """Every input as one frame of the event schema (and the ``CORRUPT_RECORD`` column):
+    JSON lines (plain or gzip) parsed with the schema; the columnar log's Parquet segments
+    read as they are; an open segment's Arrow stream (``.arrows``: a router still running,
+    or killed) converted to Parquet in ``scratch`` first, since Spark has no reader for it.
+    Also the streams that were damaged, read up to the damage.
 
     A router may still be writing a columnar log: its files are looked at again here, after
     the JVM started (:func:`~qpid_flow.analytics.inputs.current_files`), and Spark skips a
     Parquet file that is pruned while it reads (``ignoreMissingFiles``) rather than failing."""
     from functools import reduce
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
 
     from qpid_flow.analytics.inputs import current_files, unique_files
     from qpid_flow.analytics.schema import EVENT_SCHEMA
@@ -210,37 +231,48 @@ def _read_inputs(spark: Any, paths: list[str], scratch: Path) -> Any:
     parquet = [p for p in paths if p.endswith(".parquet")]
     streams = [p for p in paths if p.endswith(".arrows")]
     text = [p for p in paths if not p.endswith((".parquet", ".arrows"))]
+    damaged = []
     for index, stream in enumerate(streams):
-        converted = _stream_as_parquet(Path(stream), scratch / f"stream-{index}.parquet")
+        converted, damage = _stream_as_parquet(Path(stream), scratch / f"stream-{index}.parquet")
         if converted is not None:
             parquet.append(str(converted))
+        if damage is not None:
+            damaged.append(damage)
     parquet = unique_files(parquet)  # a stream finished meanwhile is its Parquet file, maybe listed too
+    no_corrupt_record = F.lit(None).cast("string").alias(CORRUPT_RECORD)
     frames = []
     if text:
-        frames.append(spark.read.schema(EVENT_SCHEMA).option("mode", "PERMISSIVE").json(text))
+        with_corrupt = StructType([*EVENT_SCHEMA.fields, StructField(CORRUPT_RECORD, StringType())])
+        reader = spark.read.schema(with_corrupt).option("mode", "PERMISSIVE")
+        frames.append(reader.option("columnNameOfCorruptRecord", CORRUPT_RECORD).json(text))
     if parquet:
-        frames.append(spark.read.schema(EVENT_SCHEMA).option("ignoreMissingFiles", "true").parquet(*parquet))
+        read = spark.read.schema(EVENT_SCHEMA).option("ignoreMissingFiles", "true").parquet(*parquet)
+        frames.append(read.select("*", no_corrupt_record))
     if not frames:  # every file went (pruned) between the listing and now
-        return spark.createDataFrame([], EVENT_SCHEMA)
-    return reduce(lambda a, b: a.unionByName(b), frames)
+        frames.append(spark.createDataFrame([], EVENT_SCHEMA).select("*", no_corrupt_record))
+    return reduce(lambda a, b: a.unionByName(b), frames), damaged
 
 
-def _stream_as_parquet(stream: Path, target: Path) -> Path | None:
+def _stream_as_parquet(stream: Path, target: Path) -> tuple[Path | None, DamagedStream | None]:
     """An open segment's stream as the Parquet file ``target``, up to its last complete
-    batch. A stream that has gone since it was listed was finished by its writer: then the
-    Parquet file it became, or None if that has been pruned too."""
+    batch, and what was wrong with it if it was damaged (a corrupt batch, left out with
+    everything after it, or a head that cannot be read). A stream that has gone since it
+    was listed was finished by its writer: then the Parquet file it became, or None if that
+    has been pruned too."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from qpid_flow.policies.event_log.writers import arrow_schema, stream_batches
+    # The writer's own reader of its streams; its public stream_batches drops the reason.
+    from qpid_flow.policies.event_log.writers import _read_stream, arrow_schema
 
     try:
-        batches = stream_batches(stream)
+        batches, reason = _read_stream(stream)
     except FileNotFoundError:
         finished = stream.with_suffix(".parquet")
-        return finished if finished.exists() else None
+        return (finished if finished.exists() else None), None
     pq.write_table(pa.Table.from_batches(batches, schema=arrow_schema()), str(target))
-    return target
+    damage = None if reason is None else DamagedStream(str(stream), reason, sum(b.num_rows for b in batches))
+    return target, damage
 
 
 @dataclass
@@ -257,6 +289,10 @@ class EventStats:
     run_end: dict[str | None, float | None] = field(default_factory=dict)
     # (run, address) of every group_assigned event (schema version 1 events only).
     assigned: list[tuple[str | None, str | None]] = field(default_factory=list)
+    # Records of a run read more than once (the same (run, n)), dropped.
+    repeated: int = 0
+    # Open segments' streams read up to a corrupt batch, or not at all.
+    damaged: list[DamagedStream] = field(default_factory=list)
 
 
 # Fields no analysis reads: not parsed, not cached. (The latency reads ``outcome``: a
@@ -269,30 +305,70 @@ def load_events(
 ) -> tuple[Any, EventStats]:
     """The events (schema version 1, cached) and what one pass over them counts.
     ``before_stats``: called with the events before that pass, to start other work on
-    them alongside it."""
+    them alongside it; called again with the events without their repeats if that pass
+    finds a run read twice."""
     from pyspark.sql import functions as F
 
-    from qpid_flow.analytics.schema import EVENT_SCHEMA, SCHEMA_VERSION
+    from qpid_flow.analytics.schema import EVENT_SCHEMA
 
-    raw = _read_inputs(spark, paths, scratch)
-    # Logs written before the event number existed are ordered by time (microseconds).
-    numbered = F.coalesce(F.col("n"), (F.col("ts") * 1_000_000).cast("long"))
-    used = [numbered.alias("n") if name == "n" else F.col(name) for name in EVENT_SCHEMA.names]
-    used = [c for c, name in zip(used, EVENT_SCHEMA.names, strict=True) if name not in _UNUSED_FIELDS]
+    raw, damaged = _read_inputs(spark, paths, scratch)
+    # A line the JSON reader could not parse whole has no version: it is unreadable.
+    readable_v = F.when(F.col(CORRUPT_RECORD).isNull(), F.col("v")).alias("v")
+    used = [readable_v if name == "v" else F.col(name) for name in EVENT_SCHEMA.names if name not in _UNUSED_FIELDS]
     # Parsed once: the cache is filled by the aggregation below, and every later step (the
-    # version filter included) reads the cache, not the text.
+    # version filter included) reads the cache, not the text. ``n`` is cached as the log
+    # has it, so that the aggregation tells a run's numbers from the times standing in for
+    # them (_numbered).
     parsed = raw.select(*used).persist()
-    # One small table answers the counts by version, the time span, the runs and where
-    # groups were assigned: one row per (version, run, address, group_assigned or not).
-    assigned = F.col("event") == "group_assigned"
-    events = parsed.where(F.col("v") == SCHEMA_VERSION)
     if before_stats is not None:
-        before_stats(events)
-    rows = (
+        before_stats(_numbered(parsed))
+    rows = _count_events(parsed)
+    stats = _event_stats(rows)
+    stats.damaged = damaged
+    repeated_runs = _runs_with_repeats(rows)
+    if repeated_runs:  # only then: a log without repeats costs no pass more
+        parsed, stats.repeated = _drop_repeats(parsed, repeated_runs, sum(row["count"] for row in rows))
+        stats.events -= stats.repeated
+        if before_stats is not None:
+            before_stats(_numbered(parsed))
+    return _numbered(parsed), stats
+
+
+def _numbered(parsed: Any) -> Any:
+    """The events of schema version 1, each with its number. Logs written before the event
+    number existed are ordered by time (microseconds)."""
+    from pyspark.sql import functions as F
+
+    from qpid_flow.analytics.schema import SCHEMA_VERSION
+
+    numbered = F.coalesce(F.col("n"), (F.col("ts") * 1_000_000).cast("long"))
+    return parsed.where(F.col("v") == SCHEMA_VERSION).withColumn("n", numbered)
+
+
+def _count_events(parsed: Any) -> list[Any]:
+    """One small table answers the counts by version, the time span, the runs, where
+    groups were assigned and whether a run was read twice: one row per (version, run,
+    address, group_assigned or not)."""
+    from pyspark.sql import functions as F
+
+    assigned = F.col("event") == "group_assigned"
+    return (
         parsed.groupBy("v", "run", F.when(assigned, F.col("address")).alias("assigned_to"), assigned.alias("assigned"))
-        .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("t0"), F.max("ts").alias("t1"))
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.min("ts").alias("t0"),
+            F.max("ts").alias("t1"),
+            F.count("n").alias("numbered"),
+            F.min("n").alias("n0"),
+            F.max("n").alias("n1"),
+        )
         .collect()
     )
+
+
+def _event_stats(rows: list[Any]) -> EventStats:
+    from qpid_flow.analytics.schema import SCHEMA_VERSION
+
     stats = EventStats()
     for row in rows:
         if row["v"] != SCHEMA_VERSION:
@@ -314,7 +390,39 @@ def load_events(
         if row["assigned"]:
             stats.assigned.append((run, row["assigned_to"]))
     stats.runs = len([run for run in stats.run_end if run is not None])
-    return events, stats
+    return stats
+
+
+def _runs_with_repeats(rows: list[Any]) -> list[str]:
+    """The runs (schema version 1) holding more numbered events than numbers between their
+    first and last: a run numbers its events from 1 and skips a number only when its
+    writer dropped a record, so more events than numbers means some were read twice (a
+    file and its copy: a .gz beside the plain file, a Parquet copy of a JSON-lines log)."""
+    from qpid_flow.analytics.schema import SCHEMA_VERSION
+
+    spans: dict[str, tuple[int, int, int]] = {}
+    for row in rows:
+        if row["v"] != SCHEMA_VERSION or row["run"] is None or not row["numbered"]:
+            continue
+        numbered, n0, n1 = spans.get(row["run"], (0, row["n0"], row["n1"]))
+        spans[row["run"]] = (numbered + row["numbered"], min(n0, row["n0"]), max(n1, row["n1"]))
+    return sorted(run for run, (numbered, n0, n1) in spans.items() if numbered > n1 - n0 + 1)
+
+
+def _drop_repeats(parsed: Any, runs: list[str], count: int) -> tuple[Any, int]:
+    """``parsed`` (cached) with each numbered event of ``runs`` once, cached in its place,
+    and how many rows went (``count``: the rows of ``parsed``)."""
+    from pyspark.sql import functions as F
+
+    from qpid_flow.analytics.schema import SCHEMA_VERSION
+
+    repeatable = (F.col("v") == SCHEMA_VERSION) & F.col("run").isin(runs) & F.col("n").isNotNull()
+    repeatable = F.coalesce(repeatable, F.lit(False))
+    once = parsed.where(repeatable).dropDuplicates(["run", "n"])
+    kept = parsed.where(~repeatable).unionByName(once).persist()
+    dropped = count - kept.count()
+    parsed.unpersist()
+    return kept, dropped
 
 
 def _small_frame(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> Any:
@@ -424,7 +532,11 @@ def _run_report(
             # The few events about destinations and links (flow periods, thresholds,
             # advice), and the levels of each destination (flow control and advice):
             # computed alongside the pass that counts the events, which uses the two cores
-            # while the driver prepares the sections below.
+            # while the driver prepares the sections below. Started again without the
+            # repeats of a run read twice, if any: the first ones counted them.
+            for stale in ("control", "levels"):
+                if stale in early:
+                    early[stale].unpersist()
             control = flow.control_events(events).persist()
             levels = flow.destination_levels(events, control).persist()
             early.update(control=control, levels=levels, ready=first.submit(levels.count))
@@ -435,7 +547,7 @@ def _run_report(
             first.shutdown(wait=False)
         control, levels = early["control"], early["levels"]
         t0, t1, runs = counts.t0, counts.t1, counts.runs
-        result = ReportResult(out=out, events=counts.events, runs=runs)
+        result = ReportResult(out=out, events=counts.events, runs=runs, notes=_input_notes(counts))
         run_end = _small_frame(spark, list(counts.run_end.items()), "run string, run_end double")
         assigned = _small_frame(spark, counts.assigned, "run string, address string")
 
@@ -608,11 +720,15 @@ def _run_report(
         ]
         result.seconds = progress.finish()
         result.step_seconds = progress.timings
+        left_out = sum(r["durations_left_out"] for r in result.flow + result.latency)
         summary = [
             ("inputs", ", ".join(inputs[:5]) + (f" and {len(inputs) - 5} more" if len(inputs) > 5 else "")),
             ("events read", f"{counts.events:,} (schema v1)"),
             ("unreadable lines", f"{counts.unreadable:,}"),
             ("other schema versions (skipped)", f"{counts.other_versions:,}"),
+            ("repeated records (dropped)", f"{counts.repeated:,}"),
+            ("damaged streams (read up to the damage)", "; ".join(map(_damage, counts.damaged)) or "none"),
+            ("durations left out (clock went back)", f"{left_out:,}"),
             ("runs (qpid-flow processes)", f"{runs:,}"),
             ("from", _when(t0)),
             ("to", _when(t1)),
@@ -625,6 +741,18 @@ def _run_report(
         temporary.write_text(render_report(TITLE, summary, sections), encoding="utf-8")
         temporary.replace(page)
     return result
+
+
+def _damage(stream: DamagedStream) -> str:
+    return f"{stream.path}: {stream.reason} ({stream.records:,} records read before it)"
+
+
+def _input_notes(counts: EventStats) -> list[str]:
+    """A line for each thing wrong with the input that the report worked around."""
+    notes = [f"damaged stream {_damage(stream)}" for stream in counts.damaged]
+    if counts.repeated:
+        notes.append(f"{counts.repeated:,} repeated records dropped (a run read twice: a file and a copy of it?)")
+    return notes
 
 
 def _when(ts: float | None) -> str:
@@ -654,6 +782,10 @@ def run_command(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"qpid-flow report: {exc}", file=sys.stderr)
         return 2
+    refusal = _out_refusal(Path(args.out), args.events, inputs)
+    if refusal is not None:
+        print(f"qpid-flow report: --out: {refusal}", file=sys.stderr)
+        return 2
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -662,6 +794,10 @@ def run_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    damaged = damaged_parquet(inputs)
+    if damaged is not None:
+        print(f"qpid-flow report: cannot read {damaged[0]}: {damaged[1]}", file=sys.stderr)
+        return 1
     from qpid_flow.analytics.class_archive import class_archive, java_binary
     from qpid_flow.analytics.session import build_session, under_spark_submit
 
@@ -680,9 +816,10 @@ def run_command(args: argparse.Namespace) -> int:
         finally:
             spark.stop()
     except Exception as exc:  # Spark's errors are long Java traces: say what failed, in one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"qpid-flow report: Spark failed: {first}", file=sys.stderr)
+        print(f"qpid-flow report: Spark failed: {_spark_failure(exc)}", file=sys.stderr)
         return 1
+    for note in result.notes:
+        print(f"report: {note}", file=sys.stderr)
     violations = len(result.order_violations) + len(result.overlap_violations)
     print(
         f"report: {result.events:,} events, {result.runs} run(s), {len(result.flow)} destination(s), "
@@ -692,6 +829,49 @@ def run_command(args: argparse.Namespace) -> int:
     if archive is not None and archive.recording:
         _record_class_archive(archive)
     return 0
+
+
+def _out_refusal(out: Path, specs: Sequence[str], inputs: Sequence[str]) -> str | None:
+    """Why ``out`` cannot take the report of ``inputs`` (listed from ``specs``), if it
+    cannot: told before Spark starts. A report's tables inside an input folder, or inputs
+    inside the report's folder, would be read by the next report as events."""
+    if out.exists() and not out.is_dir():
+        return f"{str(out)!r} is a file, not a folder"
+    where = os.path.realpath(out)
+    for spec in specs:
+        if "://" not in spec and os.path.isdir(spec) and _inside(where, os.path.realpath(spec)):
+            return f"{str(out)!r} is the input folder {spec!r} or inside it: the next report would read this one"
+    for path in inputs:
+        if "://" not in path and _inside(os.path.realpath(path), where):
+            return f"{str(out)!r} holds the input {path!r}: the next report would read this one"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {str(out)!r}: {exc.strerror}"
+    if not os.access(out, os.W_OK | os.X_OK):
+        return f"cannot write in {str(out)!r}"
+    return None
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (both resolved)."""
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _spark_failure(exc: BaseException) -> str:
+    """A failed Spark job in one line: the deepest cause its Java trace gives, and the file
+    it names if it names one (not Py4J's "An error occurred while calling o445....")."""
+    lines = [line.strip().removeprefix(": ") for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    causes = [line.removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: ")]
+    told = [line for line in lines if not line.startswith("An error occurred while calling")]
+    message = causes[-1] if causes else (told or lines)[0]
+    named = re.search(r"\b[a-z][a-z0-9+.-]*://[^\s'\"]+", "\n".join(lines))
+    if named is None:
+        return message
+    file = named.group().rstrip(".,;:").removeprefix("file://")
+    return message if file in message else f"{file}: {message}"
 
 
 def _record_class_archive(archive: ClassArchive) -> None:

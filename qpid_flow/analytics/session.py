@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 APP_NAME = "qpid-flow-report"
 
 # Spark and Py4J log to stderr at WARN and INFO by default: a report prints its own
-# progress, and only errors from Spark are worth showing next to it.
+# progress, and only errors from Spark are worth showing next to it, a line each: without
+# their exceptions' stack traces (~85 lines for one unreadable file), which the report's
+# own last line sums up (report._spark_failure).
 _LOG4J2 = """\
 status = error
 appender.console.type = Console
@@ -31,6 +33,7 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = spark: %p %c{1}: %m%n
+appender.console.layout.alwaysWriteExceptions = false
 rootLogger.level = error
 rootLogger.appenderRef.stdout.ref = console
 logger.pygw.name = org.apache.spark.api.python.PythonGatewayServer

@@ -506,7 +506,7 @@ def test_a_columnar_log_that_changes_under_the_report_is_read_as_it_is_now(spark
     events.unpersist()
     assert stats.events == 20 and stats.runs == 2
 
-    frame = _read_inputs(spark, expand_inputs([str(folder)]), scratch)
+    frame, _ = _read_inputs(spark, expand_inputs([str(folder)]), scratch)
     (folder / "events-b-00001.parquet").unlink()
     assert frame.count() == 10
 
