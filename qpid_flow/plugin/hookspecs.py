@@ -82,8 +82,9 @@ def qpid_flow_configure(config: RouterConfig, manager: pluggy.PluginManager) -> 
     Read this plugin's ``[plugins.NAME]`` table here. Raise
     :class:`~qpid_flow.config.ConfigError` (``ConfigError(key, value, rule)``) to refuse
     the configuration (a setting breaks a rule, a file cannot be written): qpid-flow then
-    does not start, and prints the error's one line (the first refusal's, once every
-    plugin's ``qpid_flow_configure`` has been called). Any other exception is logged as
+    does not start, and prints the error's one line; the plugins after the one that
+    refused are not configured (they would set up for a start that does not come; the
+    event log, configured last, would make its files). Any other exception is logged as
     ``plugin_error`` and the start goes on; it keeps no other plugin from being configured.
 
     :param config: the router configuration; a plugin's own settings are in

@@ -405,6 +405,10 @@ def _shielded(
 
     @functools.wraps(function)  # pluggy reads the arguments to pass from the wrapped function
     def shielded(*args: Any) -> Any:
+        if refusals:
+            # A plugin refused the configuration: qpid-flow will not start, and those after
+            # it set nothing up for nothing (the event log's writer, last, makes its files).
+            return fallback
         own = args if arity is None else args[:arity]
         try:
             answer = function(*own)
@@ -502,9 +506,9 @@ def _wrappers(impls: Iterable[pluggy.HookImpl]) -> str:
 
 def refusable(caller: Any) -> Callable[..., None]:
     """The caller of a start-up hook whose implementations may refuse the configuration:
-    every implementation is called, each under its own guard; then the first
-    :class:`~qpid_flow.config.ConfigError` raised goes on to the caller (qpid-flow does not
-    start and prints its one line). Any other exception is logged and counted like any
+    each implementation is called under its own guard, until one raises a
+    :class:`~qpid_flow.config.ConfigError`; that one goes on to the caller (qpid-flow does
+    not start and prints its one line). Any other exception is logged and counted like any
     hook's: it keeps neither the others from being called nor qpid-flow from starting."""
 
     def call(**kwargs: Any) -> None:

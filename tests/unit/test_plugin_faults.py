@@ -221,7 +221,10 @@ def test_a_plugin_raising_in_configure_leaves_the_others_configured() -> None:
     assert plugin_errors(logs) == [("qpid_flow_configure", "test-plugin-1")]
 
 
-def test_every_plugin_is_configured_and_the_first_refusal_stops_the_start() -> None:
+def test_the_first_refusal_stops_the_start_and_no_plugin_after_it_sets_up() -> None:
+    """Every plugin was configured even after one refused: the event log's writer made its
+    folders and files for a start that never came."""
+
     class Refusing:
         def __init__(self, key: str) -> None:
             self.key = key
@@ -245,7 +248,21 @@ def test_every_plugin_is_configured_and_the_first_refusal_stops_the_start() -> N
     pm.register(Refusing("plugins.first.limit"), name="first")  # asked first
     with pytest.raises(ConfigError, match=r"^plugins\.first\.limit = -1"):
         Hooks(pm).configure(config=RouterConfig(), manager=pm)
-    assert configured.config is not None
+    assert configured.config is None
+
+
+def test_a_start_another_plugin_refuses_leaves_no_event_log_behind(tmp_path: Path) -> None:
+    class Refusing:
+        @hookimpl
+        def qpid_flow_configure(self) -> None:
+            raise ConfigError("plugins.refusing.limit", -1, "must be >= 0")
+
+    pm = build_plugin_manager(installed=False)
+    pm.register(Refusing(), name="refusing")
+    log = tmp_path / "sub" / "events.jsonl"
+    with pytest.raises(ConfigError):
+        Hooks(pm).configure(config=RouterConfig(events=str(log)), manager=pm)
+    assert not (tmp_path / "sub").exists()
 
 
 def test_a_plugin_registered_after_the_start_raising_in_started_is_contained() -> None:

@@ -72,7 +72,9 @@ class Plugin:
     def active(self) -> bool:
         return self._batch is not None
 
-    @hookimpl
+    # Last of all plugins: the writer makes the log's folders and files, which a start that
+    # another plugin's settings stop must not leave behind.
+    @hookimpl(trylast=True)
     def qpid_flow_configure(self, config: RouterConfig, manager: pluggy.PluginManager) -> None:
         if not config.events:
             manager.unregister(self)  # no event log: none of its hooks called per message
