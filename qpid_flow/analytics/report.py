@@ -205,7 +205,7 @@ class DamagedStream(NamedTuple):
     """An open segment's stream read up to a corrupt batch (or not at all: a damaged head)."""
 
     path: str
-    reason: str  # writers._read_stream's: "batch 3: ..." or "stream head: ..."
+    reason: str  # writers.read_stream's: "batch 3: ..." or "stream head: ..."
     records: int  # the records read before the damage
 
 
@@ -262,11 +262,10 @@ def _stream_as_parquet(stream: Path, target: Path) -> tuple[Path | None, Damaged
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # The writer's own reader of its streams; its public stream_batches drops the reason.
-    from qpid_flow.policies.event_log.writers import _read_stream, arrow_schema
+    from qpid_flow.policies.event_log.writers import arrow_schema, read_stream
 
     try:
-        batches, reason = _read_stream(stream)
+        batches, reason = read_stream(stream)
     except FileNotFoundError:
         finished = stream.with_suffix(".parquet")
         return (finished if finished.exists() else None), None

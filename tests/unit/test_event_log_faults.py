@@ -246,6 +246,40 @@ def test_a_damaged_stream_does_not_stop_the_start_and_is_kept_aside(tmp_path: Pa
     assert [Path(p).name for p in expand_inputs([str(folder)])] == ["events-old-00001.parquet"]  # the report's
 
 
+def _stream_of_three_batches(path: Path) -> list[int]:
+    """A clean stream of three batches (n 1-30); where each batch's message ends."""
+    import pyarrow as pa
+
+    from qpid_flow.policies.event_log.writers import _record_batches, arrow_schema
+
+    ends = []
+    with pa.OSFile(str(path), "wb") as file, pa.ipc.new_stream(file, arrow_schema()) as writer:
+        for n in (1, 11, 21):
+            writer.write_batch(_record_batches(Batch.of(_rows(n, 10)), "old")[0])
+            ends.append(file.tell())
+    return ends
+
+
+@needs_pyarrow
+def test_a_batch_whose_message_is_overwritten_is_damage_and_a_cut_one_a_torn_tail(tmp_path: Path) -> None:
+    """A batch whose message Arrow cannot parse ("Invalid flatbuffers message") in the
+    middle of a stream was taken for the torn tail of a crash: the stream read as ending
+    there, said nothing, and its conversion at the next start deleted it with the batches
+    after the damage. Only a message cut short is a torn tail now."""
+    from qpid_flow.policies.event_log.writers import read_stream
+
+    stream = tmp_path / "events-old-00001.arrows"
+    ends = _stream_of_three_batches(stream)
+    clean = stream.read_bytes()
+    stream.write_bytes(clean[: ends[1]] + b"\xff" * 64 + clean[ends[1] + 64 :])  # the third batch's header
+    batches, reason = read_stream(stream)
+    assert _numbers([row for batch in batches for row in batch.to_pylist()]) == list(range(1, 21))
+    assert reason is not None and reason.startswith("batch 3: ")
+    stream.write_bytes(clean[: ends[2] - 100])  # the third batch cut short by a crash
+    batches, reason = read_stream(stream)
+    assert (_numbers([row for batch in batches for row in batch.to_pylist()]), reason) == (list(range(1, 21)), None)
+
+
 @needs_pyarrow
 def test_a_stream_that_is_no_event_log_is_set_aside_at_start(tmp_path: Path) -> None:
     """A file named like a segment whose schema is not the event log's cannot be converted:

@@ -40,6 +40,7 @@ import functools
 import json
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -442,10 +443,10 @@ def stream_batches(path: Path) -> list[Any]:
     mid-write) or a corrupt batch, which is left out with everything after it; none for a
     stream whose head cannot be read. Raises FileNotFoundError for a stream that has gone
     (its writer finished it meanwhile)."""
-    return _read_stream(path)[0]
+    return read_stream(path)[0]
 
 
-def _read_stream(path: Path) -> tuple[list[Any], str | None]:
+def read_stream(path: Path) -> tuple[list[Any], str | None]:
     """:func:`stream_batches`, and what was wrong with the batch it stopped at if that one
     was corrupt, or with the stream's head if it cannot be opened (a torn tail is how a
     crashed run's stream ends, not a fault; nor is a head its writer never finished)."""
@@ -461,7 +462,13 @@ def _read_stream(path: Path) -> tuple[list[Any], str | None]:
             return batches, None  # empty: its writer died before or during its first flush
         return batches, f"stream head: {exc}"  # damaged, or no Arrow stream: not to be deleted
     with reader:
-        while (batch := _next_batch(reader)) is not None:
+        while True:
+            try:
+                batch = _next_batch(reader)
+            except _CorruptBatch as exc:
+                return batches, f"batch {len(batches) + 1}: {exc}"
+            if batch is None:
+                break
             try:
                 # Reading checks a batch's framing only: one whose offsets point outside
                 # its buffers (written over a torn batch) crashes whatever reads its values.
@@ -494,15 +501,28 @@ def _never_flushed(source: Any) -> bool:
     return _schema_message().startswith(head) or _END_OF_STREAM.startswith(head)
 
 
+class _CorruptBatch(Exception):
+    """A batch that cannot be read and is not where the stream was cut short."""
+
+
+# What Arrow says of a message cut short: where a crash mid-write tore the stream's tail.
+# Any other failure to read a batch ("Invalid flatbuffers message") is damage, with
+# whatever follows it unreadable: not to be taken for the end.
+_TORN = re.compile(r"Expected to (?:be able to )?read \d+ (?:metadata )?bytes")
+
+
 def _next_batch(reader: Any) -> Any | None:
-    """The stream's next record batch; None at its end, or at a tail torn by a crash."""
+    """The stream's next record batch; None at its end, or at a tail torn by a crash.
+    Raises _CorruptBatch for a batch damaged otherwise."""
     pa = _arrow()
     try:
         return reader.read_next_batch()
     except StopIteration:
         return None
-    except (pa.ArrowInvalid, OSError):
-        return None
+    except (pa.ArrowInvalid, OSError) as exc:
+        if _TORN.search(str(exc)):
+            return None
+        raise _CorruptBatch(str(exc)) from None
 
 
 def _write_parquet(batches: list[Any], target: Path) -> None:
@@ -525,7 +545,7 @@ def _to_parquet(stream: Path) -> Path | None:
     the batches before it: nothing after a corrupt batch can be read reliably. One with
     nothing readable before its fault (a damaged head) is only kept so, and None returned.
     Raises FileNotFoundError, writing nothing, for a stream that has gone."""
-    batches, corrupt = _read_stream(stream)
+    batches, corrupt = read_stream(stream)
     if corrupt is not None and not batches:
         _quarantine(stream, corrupt)
         return None
