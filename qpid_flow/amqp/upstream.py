@@ -27,8 +27,11 @@ open and closes at once) is a failed attempt at its broker, and the back-off goe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -600,8 +603,11 @@ class GroupReader:
 
 def _ssl_domain(config: RouterConfig) -> SSLDomain:
     """TLS for qpid-flow's own broker connection, with the settings clients' pairs use."""
-    domain = SSLDomain(SSLDomain.MODE_CLIENT)
-    if config.broker_tls_ca is not None:
+    if config.broker_tls_ca is None:
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    else:
+        with _only_trusting(config.broker_tls_ca):
+            domain = SSLDomain(SSLDomain.MODE_CLIENT)
         domain.set_trusted_ca_db(config.broker_tls_ca)
     domain.set_peer_authentication(
         SSLDomain.VERIFY_PEER_NAME if config.broker_tls_verify_hostname else SSLDomain.VERIFY_PEER
@@ -609,3 +615,29 @@ def _ssl_domain(config: RouterConfig) -> SSLDomain:
     if config.broker_tls_cert is not None and config.broker_tls_key is not None:
         domain.set_credentials(config.broker_tls_cert, config.broker_tls_key, None)
     return domain
+
+
+@contextlib.contextmanager
+def _only_trusting(ca_file: str) -> Iterator[None]:
+    """While a Proton SSL domain is made: OpenSSL's default CAs are ``ca_file`` alone.
+
+    Proton's domain trusts OpenSSL's default verify paths (the system's CAs), loaded from
+    SSL_CERT_FILE and SSL_CERT_DIR as the domain is made, and ``set_trusted_ca_db`` only
+    adds to them: a broker pinned to a private CA could be impersonated with any
+    certificate a public CA signed, and qpid-flow's own connection signed in to it with
+    the broker password. Python's context for clients' connections replaces them
+    (tls.broker_context); this makes Proton's do the same. Start-up only, before any
+    other thread reads the environment."""
+    names = ("SSL_CERT_FILE", "SSL_CERT_DIR")
+    saved = {name: os.environ.get(name) for name in names}
+    with tempfile.TemporaryDirectory(prefix="qpid-flow-no-ca-") as empty:
+        os.environ["SSL_CERT_FILE"] = ca_file
+        os.environ["SSL_CERT_DIR"] = empty
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

@@ -630,3 +630,64 @@ def test_a_tls_client_is_offered_the_mechanisms_of_a_broker_down_at_start(
     finally:
         forwarder.close()
     assert offered == ("ANONYMOUS", "AMQPLAIN", "PLAIN")  # RabbitMQ's, in its order
+
+
+class _TlsListener:
+    """A TLS server that only counts the handshakes it completed: a broker's impostor."""
+
+    def __init__(self, cert: Path, key: str | Path) -> None:
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(str(cert), str(key))
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.handshakes = 0
+        self.attempts = 0
+        import threading
+
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            self.attempts += 1
+            try:
+                with self.context.wrap_socket(raw, server_side=True) as tls:
+                    self.handshakes += 1
+                    tls.recv(8)  # what the client says first once it trusts us: its SASL header
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_qpid_flows_own_broker_connection_trusts_broker_tls_ca_alone(
+    qpid_flow_process: StartRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With broker_tls_ca naming a private CA, clients' upstream connections refused a
+    certificate another CA signed, but qpid-flow's own connection (Proton's TLS) trusted the
+    system's CAs as well: an impostor with any publicly signed certificate got it, and its
+    sign-in with the broker password. The system store is stood in for by SSL_CERT_FILE."""
+    from .harness.certs import _signed, make_ca
+
+    trusted, _ = make_ca(tmp_path / "trusted", "private-ca")
+    public, public_key = make_ca(tmp_path / "public", "public-ca")
+    impostor_pair = _signed(tmp_path / "public", "impostor", "localhost", public, public_key, server=True)
+    impostor = _TlsListener(impostor_pair.cert, impostor_pair.key)
+    monkeypatch.setenv("SSL_CERT_FILE", str(public))  # the "system" trusts the public CA
+    try:
+        router = qpid_flow_process(
+            broker_url=f"amqps://svc:broker-secret@localhost:{impostor.port}",
+            config_text=f'broker_tls_ca = "{trusted}"\n',
+            extra_args=["--disable-plugin", "rabbitmq_depth"],
+        )
+        deadline = time.monotonic() + 15
+        while impostor.attempts < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the own connection tries at start, then again after a back-off
+        assert impostor.attempts >= 2, router.log_tail()
+        assert impostor.handshakes == 0
+    finally:
+        impostor.close()
