@@ -62,6 +62,7 @@ from qpid_flow.amqp.router import (
     selector_in_force,
     user_of,
 )
+from qpid_flow.config import is_pattern
 from qpid_flow.core.dialect import PLAIN, Dialect, Node, dialect_for
 from qpid_flow.core.jms_selector import Selector, SelectorError
 from qpid_flow.core.memory import MemoryMeter
@@ -233,11 +234,13 @@ class BrokerRouter(Router):
         self._dialect_setting = config.broker_dialect
         # Known at once when configured; with "auto", from the first open of the broker's
         # (a client's upstream connection, or qpid-flow's own reader: see _node).
-        self.dialect: Dialect | None = dialect_for(config.broker_dialect) if config.broker_dialect != "auto" else None
+        self.dialect: Dialect | None = None
         self._producer_routes: dict[int, _ProducerRoute] = {}  # by producer id
         self._relay_tags = itertools.count(1)
         # Address -> its node in the broker's dialect: asked for every message relayed.
         self._nodes: dict[str, Node] = {}
+        if config.broker_dialect != "auto":
+            self._dialect_found(dialect_for(config.broker_dialect))
         self.pairs: set[_Pair] = set()
         # Grouped destination -> the terminus durability its consumers' sources ask for
         # (the broker accepted it for them): what qpid-flow's reader asks for too.
@@ -302,9 +305,7 @@ class BrokerRouter(Router):
         client = pair.client
         if self.dialect is None:
             properties = conn.remote_properties or {}
-            self.dialect = dialect_for(self._dialect_setting, _text(properties.get("product")))
-            self._nodes.clear()
-            log.info("broker_dialect", dialect=self.dialect.name)
+            self._dialect_found(dialect_for(self._dialect_setting, _text(properties.get("product"))))
         client.container = conn.remote_container
         client.properties = _relayable(conn.remote_properties)
         offered = _offered(conn)
@@ -913,15 +914,40 @@ class BrokerRouter(Router):
     def destination_for(self, address: str) -> Destination | None:
         return self.destinations.get(self._node(address).name)
 
+    def _dialect_found(self, dialect: Dialect) -> Dialect:
+        """The broker's dialect is known now. Addresses looked up before are forgotten
+        (they were taken as given), and the configuration's policies named in an address
+        form of the broker's (``/queue/orders``) move to the queue it stands for
+        (``orders``), as a runtime policy change is named (``policy_name_mapped``): under
+        the address form a policy matched no destination and made one of its own, which no
+        producer ever reached."""
+        self.dialect = dialect
+        self._nodes.clear()
+        log.info("broker_dialect", dialect=dialect.name)
+        registry = self.destinations
+        for name in list(registry.policies):
+            node = dialect.node(name)
+            if not node.is_queue or node.name == name:
+                continue
+            policy = registry.policies.pop(name)
+            stale = registry.find(name)
+            if stale is not None:
+                registry.delete(stale)  # made at start for the address form: nothing ever reached it
+            if node.name in registry.policies:
+                log.warning("policy_name_shadowed", given=name, name=node.name)  # the queue's own policy wins
+                continue
+            log.info("policy_name_mapped", given=name, name=node.name)
+            registry.set_policy(node.name, policy)
+            if not is_pattern(node.name):
+                registry.get(node.name)  # a named destination exists once configured
+        return dialect
+
     def _node(self, address: str) -> Node:
         dialect = self.dialect
         if dialect is None and self._group_reader.dialect is not None:
             # No client has reached the broker yet, but qpid-flow's reader has: an
-            # operator's /queue/X must name X before the first client connects. What was
-            # looked up before is forgotten: it was taken as given.
-            dialect = self.dialect = self._group_reader.dialect
-            self._nodes.clear()
-            log.info("broker_dialect", dialect=dialect.name)
+            # operator's /queue/X must name X before the first client connects.
+            dialect = self._dialect_found(self._group_reader.dialect)
         node = self._nodes.get(address)
         if node is None:
             node = dialect.node(address) if dialect is not None else Node(address, True)

@@ -370,6 +370,26 @@ def test_anonymous_relay_transfers_in_before_the_stop_settle_and_only_later_ones
     assert Counter(producer.outcomes.values()) == {"accepted": 20}
 
 
+def test_a_policy_the_file_names_in_the_brokers_address_form_limits_that_queue(start_router) -> None:
+    """In front of RabbitMQ, /queue/X is queue X (docs/behaviour.md, "Destinations and
+    depth"). A file's [destinations."/queue/X"] limited nothing: it made a destination of
+    its own that no producer reached (30 of 30 accepted past a stop of 5), while the
+    same name given at runtime was mapped."""
+    name = unique("file-alias")
+    router = start_router(f'[destinations."/queue/{name}"]\nflow_stop_count = 5\nflow_resume_count = 2\n')
+    producer = Producer(router.url, f"/queue/{name}", [make_message("f", i) for i in range(30)], timeout=60)
+    threads = start(producer)
+    accepted = wait_until_quiet([producer])
+    assert accepted == 6  # stop + 1: the transfer that crosses it is admitted (seed 000's 901st)
+    destination = name if start_router.mode == "broker" else f"/queue/{name}"
+    assert router.stat(destination)["flowStopped"] is True
+    assert [r["name"] for r in router.records() if name in r["name"]] == [destination]
+    run_all(Consumer(router.url, f"/queue/{name}", count=30, prefetch=30))
+    for thread in threads:
+        thread.join(30)
+    assert Counter(producer.outcomes.values()) == {"accepted": 30}
+
+
 def test_policy_change_and_operator_stop_start_at_runtime(start_router) -> None:
     name = unique("runtime")
     router = start_router(seed_config(name))
