@@ -7,8 +7,9 @@ in with :meth:`TlsChannel.receive` and come out with :meth:`TlsChannel.data_to_s
 bytes come out with :meth:`TlsChannel.read` and go in with :meth:`TlsChannel.write`. It never
 touches a socket, so every step is testable in memory and the caller decides how to wait.
 
-The contexts are built once at start from the configuration; a file that cannot be read or
-a key that does not fit its certificate stops the router with one line naming the key.
+The contexts are built once at start from the configuration; a file that cannot be read, is
+not PEM, or holds an encrypted key, and a key that does not fit its certificate, stop the
+router with one line naming the key of the file at fault (never a pass-phrase prompt).
 """
 
 from __future__ import annotations
@@ -156,14 +157,53 @@ def broker_context(config: RouterConfig) -> ssl.SSLContext:
     return context
 
 
+class _PassPhraseNeeded(Exception):
+    """Raised by :func:`_no_pass_phrase`: the key is encrypted."""
+
+
+def _no_pass_phrase() -> str:
+    # Given as load_cert_chain's password, so that OpenSSL never falls back to its own
+    # "Enter PEM pass phrase:" prompt on the terminal (which stalled the start).
+    raise _PassPhraseNeeded
+
+
 def _load_chain(context: ssl.SSLContext, cert: str, key: str, cert_key: str, key_key: str) -> None:
+    """The certificate (chain) and its key; a refusal names the key whose file is at fault.
+
+    ``load_cert_chain`` alone cannot tell which of the two files it failed on, so the
+    certificate is read and parsed first, then the key file is read, then both are loaded."""
+    cert_text = _read(cert, cert_key)
     try:
-        context.load_cert_chain(cert, key)
+        # A throwaway context: parses every certificate in the file, trusts nothing here.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=cert_text.decode("ascii", errors="ignore"))
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(cert_key, cert, "is not a PEM certificate" + _detail(exc)) from exc
+    _read(key, key_key)
+    try:
+        context.load_cert_chain(cert, key, password=_no_pass_phrase)
+    except _PassPhraseNeeded:
+        raise ConfigError(key_key, key, "is encrypted (a pass phrase is needed): give it unencrypted") from None
     except ssl.SSLError as exc:
-        # Either file may be the wrong one; OpenSSL's reason says which check failed.
-        raise ConfigError(key_key, key, f"does not load with {cert_key} = {cert!r}: {exc.reason or exc}") from exc
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(key_key, key, f"does not match {cert_key} = {cert!r}") from exc
+        raise ConfigError(key_key, key, "is not a PEM private key" + _detail(exc)) from exc
+    except OSError as exc:  # changed between the reads above and this one
+        raise ConfigError(key_key, key, f"cannot be loaded with {cert_key} = {cert!r}: {exc.strerror or exc}") from exc
+
+
+def _read(path: str, key: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
     except OSError as exc:
-        raise ConfigError(cert_key, cert, f"cannot be read: {exc.strerror or exc}") from exc
+        raise ConfigError(key, path, f"cannot be read: {exc.strerror or exc}") from exc
+
+
+def _detail(exc: Exception) -> str:
+    """OpenSSL's reason in parentheses, unless it only says that PEM parsing failed."""
+    text = _describe(exc) if isinstance(exc, ssl.SSLError) else str(exc)
+    generic = ("no start line", "PEM lib")
+    return "" if any(word in text for word in generic) else f" ({text})"
 
 
 def _load_ca(context: ssl.SSLContext, path: str, key: str) -> None:

@@ -8,6 +8,7 @@ destination (``Destination.set_broker_backlog``), which re-evaluates flow contro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 from qpid_flow import hookimpl
 from qpid_flow.config import is_pattern
+from qpid_flow.security.tls import broker_context
 
 from qpid_flow_rabbitmq_depth.reader import DepthReader, PikaDepthReader
 from qpid_flow_rabbitmq_depth.settings import PLUGIN_NAME, Settings, check_settings, parse_settings
@@ -62,7 +64,12 @@ class RabbitMQDepth:
             self.settings = None  # standalone: qpid-flow's own count is the real depth
             return
         # The first broker of the failover list: the one qpid-flow tries first.
-        self.settings = parse_settings(table, config.broker_addresses[0].url)
+        settings = parse_settings(table, config.broker_addresses[0].url)
+        if settings.uses_tls:
+            # qpid-flow's own broker TLS settings: a broker signed by a private CA
+            # (broker_tls_ca) is trusted here too, a client certificate is presented.
+            settings = dataclasses.replace(settings, ssl_context=broker_context(config))
+        self.settings = settings
         # Built now, so destinations created before the thread starts are not missed.
         self.worker = DepthWorker(
             self._reader_factory(self.settings),

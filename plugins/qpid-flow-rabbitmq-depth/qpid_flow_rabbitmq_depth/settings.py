@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+import ssl
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pika
@@ -35,12 +36,23 @@ class Settings:
     interval: float
     amqp091_url: str
     vhost: str
+    # The TLS context of an amqps:// URL: the plugin passes qpid-flow's own broker context
+    # (broker_tls_ca, broker_tls_cert/key, broker_tls_verify_hostname), so that it trusts
+    # exactly what qpid-flow's broker connections trust. None: pika's default (the system's CAs).
+    ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def uses_tls(self) -> bool:
+        return urllib.parse.urlsplit(self.amqp091_url).scheme == "amqps"
 
     def connection_parameters(self) -> pika.URLParameters:
-        """pika's parameters: the URL (its query may tune pika), our vhost and timeouts."""
+        """pika's parameters: the URL (its query may tune pika), our vhost, timeouts and TLS."""
         params = pika.URLParameters(self.amqp091_url)
         params.virtual_host = self.vhost
         given = urllib.parse.parse_qs(urllib.parse.urlsplit(self.amqp091_url).query)
+        if self.uses_tls and self.ssl_context is not None and "ssl_options" not in given:
+            # The URL's host name is the one the certificate must carry (and the SNI sent).
+            params.ssl_options = pika.SSLOptions(self.ssl_context, server_hostname=params.host)
         if "connection_attempts" not in given:
             params.connection_attempts = 1  # the worker's back-off is the retry
         if "socket_timeout" not in given:
