@@ -8,7 +8,7 @@ worth reading; exchanges and topics fan out to a queue per receiver, so they hav
 
 from __future__ import annotations
 
-__all__ = ["queue_name"]
+__all__ = ["destination_queue", "queue_name"]
 
 
 def queue_name(address: str) -> str | None:
@@ -34,3 +34,16 @@ def queue_name(address: str) -> str | None:
     if not name or len(name.encode()) > 255:
         return None
     return name
+
+
+def destination_queue(name: str) -> str | None:
+    """The queue behind qpid-flow destination ``name``, or None when it names no single queue.
+
+    In front of RabbitMQ qpid-flow names a destination by its queue, unescaped (the address
+    ``/queue/a%2Fb`` is the destination ``a/b``): such a name is taken as it is, ``/`` and
+    all (parsed as an address again, ``a/b`` named no queue and was never read). Only a
+    name in an address form (``/queue/X``, ``/exchange/...``: named before qpid-flow knew
+    the broker's dialect) is parsed as an address."""
+    if name.startswith("/"):
+        return queue_name(name)
+    return name if name and len(name.encode()) <= 255 else None

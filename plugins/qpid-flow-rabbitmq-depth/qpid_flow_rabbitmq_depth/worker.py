@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from qpid_flow_rabbitmq_depth.addresses import queue_name
+from qpid_flow_rabbitmq_depth.addresses import destination_queue
 from qpid_flow_rabbitmq_depth.reader import BrokerUnavailable, DepthReader
 
 __all__ = ["DepthWorker"]
@@ -67,12 +67,13 @@ class DepthWorker:
     # --- any thread -------------------------------------------------------------------------
 
     def add(self, address: str, *, read_at_once: bool = False) -> bool:
-        """Watch ``address``; False (and ignored) when it names no single queue.
+        """Watch destination ``address`` (:func:`destination_queue`); False (and ignored)
+        when it names no single queue.
 
         It is first read FRESH_DELAY after it came, unless ``read_at_once``: an address
         known before any client can attach (one named in the configuration) has no attach
         declaring its queue to race, and is read from the first poll."""
-        name = queue_name(address)
+        name = destination_queue(address)
         if name is None:
             return False
         with self._lock:

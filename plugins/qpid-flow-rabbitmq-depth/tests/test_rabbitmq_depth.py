@@ -327,6 +327,19 @@ def test_the_entry_point_object_is_the_plugin() -> None:
 # --- the worker with a fake connection ---------------------------------------------------------
 
 
+def test_a_queue_whose_name_holds_a_slash_is_read() -> None:
+    """In front of RabbitMQ the address /queue/dir%2Fs is the destination "dir/s": parsed
+    again as an address, that name named no queue, and its backlog was never read (a
+    producer got 11 accepted past a backlog of 50 and a stop of 10)."""
+    broker = FakeBroker({"dir/s": 50})
+    destination = FakeDestination("dir/s")
+    p, _control = started(broker, destination)
+    assert p.worker is not None
+    assert p.worker.addresses == ["dir/s"]
+    assert p.worker.poll_once()
+    assert destination.backlogs == [50]
+
+
 def test_depths_reach_the_destinations() -> None:
     broker = FakeBroker({"orders": 37, "audit": 0, "eu": 4})
     orders, plain, audit, eu, topic = (
