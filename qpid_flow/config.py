@@ -9,7 +9,6 @@ names the key, the value and the rule (:class:`ConfigError`).
 from __future__ import annotations
 
 import importlib.util
-import ipaddress
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -807,29 +806,8 @@ def _where_it_belongs(key: str, destination_keys: list[str]) -> str:
     return ""
 
 
-def _is_ip_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def _check_security(config: RouterConfig) -> None:
     """Rules between security keys, each refusal naming the key that has to change."""
-    if config.broker is not None and config.broker_tls_verify_hostname:
-        for broker in config.broker_addresses:
-            if broker.scheme == "amqps" and _is_ip_address(broker.host):
-                # Proton's TLS, which qpid-flow's own connection uses, matches host names
-                # only: that connection never opened (grouped destinations unread, /readyz
-                # 503) while clients' connections, on Python's TLS, worked.
-                raise ConfigError(
-                    "broker",
-                    broker.redacted,
-                    f"{broker.host} is an IP address, which qpid-flow's own connection (Proton's TLS) cannot "
-                    "match against the broker's certificate: give the broker's host name, or set "
-                    "broker_tls_verify_hostname = false",
-                )
     tls_listeners = [entry for entry in config.listen.split(",") if entry.startswith("amqps://")]
     if tls_listeners and (config.tls_cert is None or config.tls_key is None):
         missing = "tls_cert" if config.tls_cert is None else "tls_key"

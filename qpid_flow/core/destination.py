@@ -404,7 +404,11 @@ class Destination:
         added): its size, this destination's bytes and the memory meter follow."""
         delta = len(data) - message.size
         message.replace_data(data)
-        self.bytes = max(0, self.bytes + delta)
+        if not message.upstream_epoch:
+            # A message fetched from the broker was never counted in (its bytes leave as the
+            # backlog's average): counted here, they stayed with the queue empty, and a
+            # destination over flow_stop_size stayed stopped for good.
+            self.bytes = max(0, self.bytes + delta)
         if self._memory is not None:
             if delta > 0:
                 self._memory.add(delta)

@@ -565,3 +565,22 @@ def test_a_message_fetched_from_the_broker_leaves_with_the_backlog_s_average_siz
         dest.settle(consumer, message, Settlement.accepted())
         left.append((dest.depth, dest.bytes))
     assert left == [(1, 500), (0, 0)]
+
+
+def test_annotations_merged_into_a_fetched_message_leave_the_bytes_as_they_were(hooks: Hooks) -> None:
+    """A message fetched from the broker was never counted in (its bytes leave as the
+    backlog's average). A modified outcome's annotations grew it, and that growth was
+    counted in bytes: with the queue empty the bytes stayed up, and a destination over
+    flow_stop_size stayed stopped for good."""
+    destination = make(hooks)
+    fetched = msg(1)
+    fetched.upstream_epoch = 1
+    destination.enqueue(fetched, counted=False)
+    assert (destination.depth, destination.bytes) == (0, 0)
+    destination.replace_data(fetched, fetched.data + b"\x00" * 200)
+    assert destination.bytes == 0
+    own = msg(2)
+    destination.enqueue(own)
+    before = destination.bytes
+    destination.replace_data(own, own.data + b"\x00" * 50)
+    assert destination.bytes == before + 50  # a message counted in: its bytes follow

@@ -40,7 +40,6 @@ import functools
 import json
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Iterable
@@ -464,7 +463,7 @@ def read_stream(path: Path) -> tuple[list[Any], str | None]:
     with reader:
         while True:
             try:
-                batch = _next_batch(reader)
+                batch = _next_batch(reader, source)
             except _CorruptBatch as exc:
                 return batches, f"batch {len(batches) + 1}: {exc}"
             if batch is None:
@@ -505,22 +504,21 @@ class _CorruptBatch(Exception):
     """A batch that cannot be read and is not where the stream was cut short."""
 
 
-# What Arrow says of a message cut short: where a crash mid-write tore the stream's tail.
-# Any other failure to read a batch ("Invalid flatbuffers message") is damage, with
-# whatever follows it unreadable: not to be taken for the end.
-_TORN = re.compile(r"Expected to (?:be able to )?read \d+ (?:metadata )?bytes")
-
-
-def _next_batch(reader: Any) -> Any | None:
+def _next_batch(reader: Any, source: Any) -> Any | None:
     """The stream's next record batch; None at its end, or at a tail torn by a crash.
-    Raises _CorruptBatch for a batch damaged otherwise."""
+    Raises _CorruptBatch for a batch damaged otherwise.
+
+    Torn or damaged is told by where reading stopped: a message cut short by a crash
+    (whatever Arrow says of it: "only N bytes available", "Expected to read N bytes")
+    was read to the end of the file; one that cannot be parsed in the middle of the
+    file ("Invalid flatbuffers message") is damage, with whatever follows it unreadable."""
     pa = _arrow()
     try:
         return reader.read_next_batch()
     except StopIteration:
         return None
     except (pa.ArrowInvalid, OSError) as exc:
-        if _TORN.search(str(exc)):
+        if source.tell() >= source.size():
             return None
         raise _CorruptBatch(str(exc)) from None
 
