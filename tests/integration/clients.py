@@ -26,11 +26,15 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def make_message(producer: str, index: int, size: int = 100, group: str | None = None, **props: Any) -> Message:
-    """A message that says who sent it and its number, with properties to check end to end."""
+def make_message(
+    producer: str, index: int, size: int = 100, group: str | None = None, to: str | None = None, **props: Any
+) -> Message:
+    """A message that says who sent it and its number, with properties to check end to end;
+    ``to``: its address, for an anonymous-relay producer."""
     body = f"{producer}:{index}:".ljust(size, "x")
     return Message(
         id=f"{producer}-{index}",
+        address=to,
         body=body,
         subject="test",
         group_id=group,

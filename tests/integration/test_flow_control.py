@@ -353,11 +353,7 @@ def test_anonymous_relay_transfers_in_before_the_stop_settle_and_only_later_ones
     stop at 5 included, and the producer heard nothing until a consumer drained the queue."""
     name = unique("anon-window")
     router = start_router(f'[destinations."{name}"]\nflow_stop_count = 5\nflow_resume_count = 3\n')
-    messages = []
-    for i in range(20):
-        message = make_message("anon", i)
-        message.address = name
-        messages.append(message)
+    messages = [make_message("anon", i, to=name) for i in range(20)]
     producer = Producer(router.url, None, messages, timeout=60)
     threads = start(producer)
     wait_until(lambda: len(producer.outcomes) >= 5 and router.stat(name)["depth"] == 20, timeout=30)

@@ -6,12 +6,14 @@ broker that broker is a real RabbitMQ started by the harness.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from proton import Message
 
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
+from .harness.router import admin_request
 from .harness.scenario import Peer, bodies
 from .harness.waiting import wait_until
 
@@ -438,6 +441,15 @@ def test_relayed_transfers_sent_just_before_a_close_still_reach_the_broker(
         assert bodies(receiver) == [0, 1, 2, 3, 4]
 
 
+def ready(admin: str) -> bool:
+    """Whether qpid-flow's /readyz says ready (its own broker connection is open)."""
+    try:
+        with urllib.request.urlopen(admin_request(admin, "/readyz"), timeout=5) as response:
+            return bool(json.loads(response.read())["status"] == "ready")
+    except OSError:
+        return False
+
+
 def test_a_broker_that_takes_connections_and_never_answers_is_passed_over(rabbitmq, qpid_flow_process) -> None:
     """The first broker of the list accepts TCP connections and says nothing (hung,
     overloaded, a black hole); the second is up. qpid-flow's own connection waited on the
@@ -445,12 +457,7 @@ def test_a_broker_that_takes_connections_and_never_answers_is_passed_over(rabbit
     waited on it until its deadline and was dropped, so no client ever got through. Now the
     reader gives the open 10 s (sasl_timeout) and a client's handshake gives the broker 2 s
     to say anything, and each moves on to the next broker."""
-    import json
-    import urllib.request
-
     from proton.utils import BlockingConnection
-
-    from .harness.router import admin_request
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -462,15 +469,7 @@ def test_a_broker_that_takes_connections_and_never_answers_is_passed_over(rabbit
             broker_url=f"{first},{rabbitmq.url}",
             extra_args=["--admin", admin, "--disable-plugin", "rabbitmq_depth"],
         )
-
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(admin_request(admin, "/readyz"), timeout=5) as response:
-                    return bool(json.loads(response.read())["status"] == "ready")
-            except OSError:
-                return False
-
-        wait_until(ready, timeout=30)
+        wait_until(lambda: ready(admin), timeout=30)
         address = unique("past-a-silent-broker")
         connection = BlockingConnection(router.url, timeout=20)
         try:
@@ -490,27 +489,14 @@ def test_a_broker_name_that_does_not_resolve_is_passed_over(rabbitmq, qpid_flow_
     entry). Proton's connect raised the lookup error out of the reactor: qpid-flow exited,
     blaming its own listener ("cannot listen on ..."). It is a failed connection like a
     refused one: qpid-flow's own connection and each client's go on to the next broker."""
-    import json
-    import urllib.request
-
     from proton.utils import BlockingConnection
-
-    from .harness.router import admin_request
 
     admin = f"127.0.0.1:{free_port()}"
     router = qpid_flow_process(
         broker_url=f"amqp://no-such-broker.invalid:5672,{rabbitmq.url}",
         extra_args=["--admin", admin, "--disable-plugin", "rabbitmq_depth"],
     )
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(admin_request(admin, "/readyz"), timeout=5) as response:
-                return bool(json.loads(response.read())["status"] == "ready")
-        except OSError:
-            return False
-
-    assert wait_until(ready, timeout=30), router.log_tail()
+    assert wait_until(lambda: ready(admin), timeout=30), router.log_tail()
     address = unique("past-an-unknown-name")
     connection = BlockingConnection(router.url, timeout=20)
     try:

@@ -50,11 +50,7 @@ def test_the_outcomes_flow_control_was_holding_reach_their_producer_before_the_c
         config_text=f'[destinations."{name}"]\nflow_stop_count = 5\nflow_resume_count = 2\n',
         extra_args=["--disable-plugin", "rabbitmq_depth"],
     )
-    messages = []
-    for i in range(20):
-        message = make_message("anon", i)
-        message.address = name
-        messages.append(message)
+    messages = [make_message("anon", i, to=name) for i in range(20)]
     producer = Producer(router.url, None, messages, timeout=60)
     threads = start(producer)
     wait_until(lambda: len(producer.outcomes) >= 5, timeout=30)
