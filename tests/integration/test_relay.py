@@ -441,6 +441,21 @@ def test_relayed_transfers_sent_just_before_a_close_still_reach_the_broker(
         assert bodies(receiver) == [0, 1, 2, 3, 4]
 
 
+def round_trip(url: str, address: str) -> str:
+    """Send one message to ``address`` through ``url`` and take it back: its body."""
+    from proton.utils import BlockingConnection
+
+    connection = BlockingConnection(url, timeout=20)
+    try:
+        connection.create_sender(address).send(Message(body="through the second broker"))
+        receiver = connection.create_receiver(address, credit=1)
+        body = str(receiver.receive(timeout=20).body)
+        receiver.accept()
+        return body
+    finally:
+        connection.close()
+
+
 def ready(admin: str) -> bool:
     """Whether qpid-flow's /readyz says ready (its own broker connection is open)."""
     try:
@@ -457,8 +472,6 @@ def test_a_broker_that_takes_connections_and_never_answers_is_passed_over(rabbit
     waited on it until its deadline and was dropped, so no client ever got through. Now the
     reader gives the open 10 s (sasl_timeout) and a client's handshake gives the broker 2 s
     to say anything, and each moves on to the next broker."""
-    from proton.utils import BlockingConnection
-
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(64)  # the kernel completes the connections; nothing ever reads or writes
@@ -470,15 +483,7 @@ def test_a_broker_that_takes_connections_and_never_answers_is_passed_over(rabbit
             extra_args=["--admin", admin, "--disable-plugin", "rabbitmq_depth"],
         )
         wait_until(lambda: ready(admin), timeout=30)
-        address = unique("past-a-silent-broker")
-        connection = BlockingConnection(router.url, timeout=20)
-        try:
-            connection.create_sender(address).send(Message(body="through the second broker"))
-            receiver = connection.create_receiver(address, credit=1)
-            assert receiver.receive(timeout=20).body == "through the second broker"
-            receiver.accept()
-        finally:
-            connection.close()
+        assert round_trip(router.url, unique("past-a-silent-broker")) == "through the second broker"
         assert '"broker_silent"' in router.log_text() and '"upstream_open_timeout"' in router.log_text()
     finally:
         silent.close()
@@ -489,22 +494,12 @@ def test_a_broker_name_that_does_not_resolve_is_passed_over(rabbitmq, qpid_flow_
     entry). Proton's connect raised the lookup error out of the reactor: qpid-flow exited,
     blaming its own listener ("cannot listen on ..."). It is a failed connection like a
     refused one: qpid-flow's own connection and each client's go on to the next broker."""
-    from proton.utils import BlockingConnection
-
     admin = f"127.0.0.1:{free_port()}"
     router = qpid_flow_process(
         broker_url=f"amqp://no-such-broker.invalid:5672,{rabbitmq.url}",
         extra_args=["--admin", admin, "--disable-plugin", "rabbitmq_depth"],
     )
     assert wait_until(lambda: ready(admin), timeout=30), router.log_tail()
-    address = unique("past-an-unknown-name")
-    connection = BlockingConnection(router.url, timeout=20)
-    try:
-        connection.create_sender(address).send(Message(body="through the second broker"))
-        receiver = connection.create_receiver(address, credit=1)
-        assert receiver.receive(timeout=20).body == "through the second broker"
-        receiver.accept()
-    finally:
-        connection.close()
+    assert round_trip(router.url, unique("past-an-unknown-name")) == "through the second broker"
     assert router.returncode is None
     assert "no-such-broker.invalid" in router.log_text()

@@ -187,6 +187,21 @@ def drain(router: RouterProcess, address: str, expect: int, timeout: float = 2.0
         connection.close()
 
 
+def take_counted(router: RouterProcess, address: str, count: int) -> list[tuple[Any, int]]:
+    """Receive (and accept) ``count`` messages of ``address``: each body and delivery-count."""
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        receiver = connection.create_receiver(address, credit=10)
+        taken = []
+        for _ in range(count):
+            message = receiver.receive(timeout=10)
+            taken.append((message.body, message.delivery_count))
+            receiver.accept()
+        return taken
+    finally:
+        connection.close()
+
+
 @pytest.fixture
 def router_with_admin(qpid_flow_process: StartRouter) -> tuple[RouterProcess, str]:
     admin = f"127.0.0.1:{free_port()}"
@@ -284,17 +299,7 @@ def test_rolled_back_accepts_give_the_messages_back(
         router.url, "tx.unconsume", take=3, commit=False, settle_before_discharge=settle_before_discharge
     ).run()
     assert client.result == "aborted" and client.taken == ["m0", "m1", "m2"]
-    connection = BlockingConnection(router.url, timeout=10)
-    try:
-        receiver = connection.create_receiver("tx.unconsume", credit=10)
-        again = []
-        for _ in range(3):
-            message = receiver.receive(timeout=10)
-            again.append((message.body, message.delivery_count))
-            receiver.accept()
-    finally:
-        connection.close()
-    assert again == [("m0", 1), ("m1", 1), ("m2", 1)]
+    assert take_counted(router, "tx.unconsume", 3) == [("m0", 1), ("m1", 1), ("m2", 1)]
     assert stats(admin, "tx.unconsume")["depth"] == 0
 
 
@@ -733,14 +738,4 @@ def test_a_connection_lost_in_a_transaction_gives_each_message_back_once(
         time.sleep(0.05)
     record = stats(admin, "tx.lost")
     assert (record["delivered"], record["released"], record["depth"]) == (3, 3, 3)
-    again = BlockingConnection(router.url, timeout=10)
-    try:
-        receiver = again.create_receiver("tx.lost", credit=10)
-        counts = []
-        for _ in range(3):
-            message = receiver.receive(timeout=10)
-            counts.append((message.body, message.delivery_count))
-            receiver.accept()
-        assert counts == [("a1", 1), ("a2", 1), ("a3", 1)]
-    finally:
-        again.close()
+    assert take_counted(router, "tx.lost", 3) == [("a1", 1), ("a2", 1), ("a3", 1)]

@@ -96,15 +96,22 @@ def test_an_outcome_for_a_delivery_qpid_flow_forgot_is_dropped_not_taken_for_a_t
     assert_still_works(rig, client)
 
 
-def test_transfers_on_the_clients_receiving_link_close_its_connection_in_front_of_a_broker() -> None:
-    """The same in front of a broker: the client's connection is closed with
-    amqp:illegal-state and its broker connection with it; nothing reached the broker."""
+def consumer_in_front_of_a_broker(credit: int) -> tuple[Any, Any, Any, Any]:
+    """A client's receiver mirrored to the broker, given ``credit``: the rig, the pair, the
+    client's receiver and the broker's end of its link."""
     rig = broker_rig.Rig()
     pair = broker_rig.open_pair(rig)
     session, _ = broker_rig.begin(rig, pair)
     receiver, at_broker = broker_rig.consumer(rig, pair, session)
-    receiver.flow(5)
+    receiver.flow(credit)
     rig.pump()
+    return rig, pair, receiver, at_broker
+
+
+def test_transfers_on_the_clients_receiving_link_close_its_connection_in_front_of_a_broker() -> None:
+    """The same in front of a broker: the client's connection is closed with
+    amqp:illegal-state and its broker connection with it; nothing reached the broker."""
+    rig, pair, receiver, at_broker = consumer_in_front_of_a_broker(credit=5)
     with structlog.testing.capture_logs() as logs:
         pair.facing.transport.push(transfer(0, 0, broker_rig.encoded(1)))
         rig.pump()
@@ -118,12 +125,7 @@ def test_transfers_on_the_clients_receiving_link_close_its_connection_in_front_o
 def test_an_outcome_for_a_delivery_forgotten_in_front_of_a_broker_is_dropped() -> None:
     """In front of a broker too: the client detaches its receiver, then settles what it
     had; the connection stays open."""
-    rig = broker_rig.Rig()
-    pair = broker_rig.open_pair(rig)
-    session, _ = broker_rig.begin(rig, pair)
-    receiver, at_broker = broker_rig.consumer(rig, pair, session)
-    receiver.flow(1)
-    rig.pump()
+    rig, pair, receiver, at_broker = consumer_in_front_of_a_broker(credit=1)
     broker_rig.send(at_broker, broker_rig.encoded(1), "b1")
     rig.pump()
     delivery, _ = broker_rig.receive(receiver)
