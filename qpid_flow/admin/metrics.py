@@ -143,7 +143,8 @@ DESTINATION_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "qpid_flow_destination_producers_blocked",
         "gauge",
-        "Producers held by flow control (no credit, a transfer held under reject_after, or an outcome held back).",
+        "Producers held by flow control (no credit, a transfer held unforwarded, or an outcome held back; "
+        "anonymous-relay links included).",
         _D,
         "producersBlocked",
     ),

@@ -124,7 +124,7 @@ class Operations:
             destination = self._destinations.find(router.destination_name(address))
             return destination is not None and bool(hooks.producers_held(destination=destination))
 
-        return inventory.link_records(router, blocked)
+        return inventory.link_records(router, blocked, router.waiting_producers())
 
     def close_connection(self, connection_id: str) -> dict[str, Any]:
         record = inventory.close_connection(self._the_router(), connection_id, "closed by an operator")

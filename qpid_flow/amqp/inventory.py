@@ -11,6 +11,7 @@ producer, or a transaction coordinator), ``out`` from qpid-flow to the client (a
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from qpid_flow.amqp.endpoints import kept
 
 if TYPE_CHECKING:
     from qpid_flow.amqp.router import Router
+    from qpid_flow.core.model import Producer
 
 __all__ = ["close_connection", "connection_records", "link_records"]
 
@@ -118,9 +120,11 @@ def _address(link: Link) -> str | None:
     return link.source.address or link.remote_source.address
 
 
-def link_records(router: Router, blocked: Any = None) -> list[dict[str, Any]]:
+def link_records(router: Router, blocked: Any = None, waiting: Collection[int] = ()) -> list[dict[str, Any]]:
     """One record per client link. ``blocked(address)`` says whether flow control holds the
-    producers of a destination now (None: never)."""
+    producers of a destination now (None: never); ``waiting``: the ids of the producers
+    waiting for the answer to a transfer a policy holds (:meth:`Router.waiting_producers`).
+    A link is ``blocked`` as the destination's ``producersBlocked`` counts it."""
     records = []
     for conn in _connections(router):
         link = conn.link_head(0)
@@ -150,14 +154,20 @@ def link_records(router: Router, blocked: Any = None) -> list[dict[str, Any]]:
                     "credit": credit,
                     "unsettled": link.unsettled,
                     "deliveries": transfers,
-                    # A producer left with no credit while its destination's flow is stopped.
-                    "blocked": bool(
-                        role == "producer" and credit == 0 and address and blocked is not None and blocked(address)
-                    ),
+                    "blocked": producer is not None and _held_back(producer, credit, address, blocked, waiting),
                 }
             )
             link = link.next(0)
     return records
+
+
+def _held_back(producer: Producer, credit: int, address: str | None, blocked: Any, waiting: Collection[int]) -> bool:
+    """Waiting for the answer to a transfer a policy holds (unforwarded, or its settlement:
+    an anonymous-relay link too), or left with no credit while flow control holds its
+    destination's producers."""
+    if producer.id in waiting:
+        return True
+    return bool(credit == 0 and address and blocked is not None and blocked(address))
 
 
 def close_connection(router: Router, connection_id: str, description: str) -> dict[str, Any]:

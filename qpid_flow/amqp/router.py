@@ -1145,11 +1145,13 @@ class Router(Handler):
     def delayed_producers(self, address: str) -> int:
         return len({message.producer_id for message, _ in self._delayed.get(address, ())})
 
-    def waiting_producers(self, address: str) -> set[int]:
-        """The producers with a transfer to ``address`` held unforwarded or a settlement
-        delayed: each waits for an answer."""
-        waiting = {message.producer_id for message, _ in self._delayed.get(address, ())}
-        waiting.update(message.producer_id for message in self._held.get(address, ()))
+    def waiting_producers(self, address: str | None = None) -> set[int]:
+        """The producers with a transfer to ``address`` (None: to any) held unforwarded or a
+        settlement delayed: each waits for an answer."""
+        delayed = self._delayed.values() if address is None else [self._delayed.get(address, [])]
+        held = self._held.values() if address is None else [self._held.get(address, [])]
+        waiting = {message.producer_id for entries in delayed for message, _ in entries}
+        waiting.update(message.producer_id for messages in held for message in messages)
         waiting.discard(None)
         return waiting  # type: ignore[return-value]
 

@@ -188,6 +188,31 @@ def test_a_destination_with_a_settlement_waiting_on_it_is_not_forgotten(standalo
     assert delivery.remote_state == Delivery.ACCEPTED
 
 
+def test_the_links_view_marks_blocked_the_producers_the_destination_counts_blocked(
+    standalone: Any, clients: Any
+) -> None:
+    """``producersBlocked`` counts an anonymous-relay producer whose settlement waits and a
+    named one whose transfers are held unforwarded; ``qpid-flow stat links`` showed both
+    unblocked (only "no credit" counted there), so the two views disagreed."""
+    router = standalone('memory_limit = "4 KB"\n[destinations."held"]\nflow_stop_count = 1\nflow_resume_count = 1\n')
+    client = clients(router.url)
+    relay = client.sender(client.connect(), None)
+    for n in range(3):
+        relay.send(numbered(n, to="held"))  # the second turns flow ON: from it, settlements wait
+    named = client.sender(client.connect(), "big")
+    client.pump(lambda: named.credit > 10, 5, "credit for the named producer")
+    for n in range(10):
+        named.send(numbered(n, size=2000))  # past memory_limit: the later ones are held
+    client.pump(None, 0.5)
+    assert named.credit > 0  # not blocked for want of credit
+    status, links = router.admin.call("GET", "/v1/links")
+    assert status == 200, links
+    blocked = {link["address"] for link in links["links"] if link["blocked"]}
+    assert router.admin.stat("held")["producersBlocked"] == 1
+    assert router.admin.stat("big")["producersBlocked"] == 1
+    assert blocked == {None, "big"}, links  # the relay link has no address of its own
+
+
 @pytest.mark.parametrize(("stop", "resume"), [(10, 5), (100, 50)])
 def test_two_producers_on_a_flow_controlled_destination_both_get_through(
     standalone: Any, clients: Any, stop: int, resume: int

@@ -550,7 +550,7 @@ class Plugin:
         state = entry.state
         blocked = self._blocked(destination) or self._memory_full()
         # Blocked: without credit while flow is stopped, or waiting for the answer to a
-        # transfer (held under reject_after, or its settlement delayed); each counted once.
+        # transfer (held unforwarded, or its settlement delayed); each counted once.
         blocked_ids = {p.id for p in destination.producers if p.credit == 0} if blocked else set()
         control = self._control
         if control is not None:
@@ -562,6 +562,6 @@ class Plugin:
             "flowStoppedSeconds": round(state.seconds_stopped(self._clock()), 3),
             "producersStopped": self.stopped_by_operator(destination.address),
             "producersBlocked": len(blocked_ids),
-            "transfersHeld": held,  # arrived, unsettled, waiting for room (reject_after)
+            "transfersHeld": held,  # unforwarded, unsettled, waiting for room (any cause)
             **state.limits.as_dict(),
         }
