@@ -669,7 +669,9 @@ def _run_report(
                 "Latency",
                 f"Milliseconds from a message's enqueue to its first delivery and to its final settlement "
                 f"(a release is none: the message went back); "
-                f"over time in buckets of {width} s of enqueue time.",
+                f"over time in buckets of {width} s of enqueue time. In front of a broker a message is "
+                f"enqueued when it arrives from the broker: its latency is its time in qpid-flow and at the "
+                f"consumer, not in the broker's queue.",
                 tables=[
                     Table(
                         "Per destination", result.latency, LATENCY_COLUMNS, files=writer.links("latency_by_destination")
