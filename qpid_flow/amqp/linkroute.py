@@ -1121,14 +1121,14 @@ class BrokerRouter(Router):
         self._send_pending(route)
         client = route.client
         upstream = route.upstream
-        missing = upstream_credit_to_add(
+        change = upstream_credit_change(
             pn_link_credit(client._impl), len(route.pending), pn_link_credit(upstream._impl)
         )
         if client.drain_mode and not route.draining:
             route.draining = True
-            upstream.drain(missing)
-        elif missing > 0:
-            upstream.flow(missing)
+            upstream.drain(change)
+        elif change:
+            upstream.flow(change)  # down too: a client may take back credit (AMQP 2.6.7)
         self._upstream_credit_changed(route)
 
     def _upstream_credit_changed(self, route: _ConsumerRoute) -> None:
@@ -1432,16 +1432,17 @@ def _copy_terminus(local: Terminus, remote: Terminus, producer: bool) -> None:
         local.type = Terminus.SOURCE
 
 
-def upstream_credit_to_add(client_credit: int, pending: int, upstream_credit: int) -> int:
-    """The credit to add to a consumer's upstream link: the broker may have what the client
-    gave, less what waits here for the client already; never more, and never a flow that
-    leaves the link's credit below 0. RabbitMQ sends beyond the credit it was given, so the
-    upstream credit can be negative; adding to it only what the client's credit came to
-    then (less than what the broker had sent over) sent the broker a negative link-credit,
-    which goes out as an unsigned number near 2^32: the broker pushed qpid-flow its whole
-    queue. Raising it to 0 tells the broker to stop."""
-    wanted = max(client_credit - pending, 0)
-    return max(wanted - upstream_credit, 0)
+def upstream_credit_change(client_credit: int, pending: int, upstream_credit: int) -> int:
+    """What to add to a consumer's upstream link's credit (negative: to take away), so that
+    the broker has what the client gave, less what waits here for the client already: no
+    more (a client that lowers its credit lowers the broker's, or the broker would send
+    qpid-flow messages that other consumers could have had), and never below 0. RabbitMQ
+    sends beyond the credit it was given, so the upstream credit can be negative; adding to
+    it only what the client's credit came to then (less than what the broker had sent
+    over) sent the broker a negative link-credit, which goes out as an unsigned number near
+    2^32: the broker pushed qpid-flow its whole queue. Raising it to 0 tells the broker to
+    stop."""
+    return max(client_credit - pending, 0) - upstream_credit
 
 
 def _ended_by_broker(link: Link) -> bool:

@@ -274,8 +274,9 @@ def qpid_flow_producer_credit(producer: Producer, destination: Destination | Non
     upstream link is all taken (by the credit the client holds and the transfers waiting
     to go up), and is never granted more than the rest (a larger answer is cut down).
 
-    Credit cannot be taken back once given (AMQP 1.0 only lets a receiver add credit):
-    never grant more than the destination may take. The built-in answer (flow control)
+    qpid-flow never takes credit back once given (a flow lowering it races with the
+    transfers the producer has already sent on it): never grant more than the destination
+    may take. The built-in answer (flow control)
     keeps ``producer_window`` messages of credit plus unsettled transfers per link, topped
     up in batches of at least half a window, and less, down to none, near or over the
     destination's stop thresholds, while an operator stopped its producers, or while the

@@ -681,6 +681,42 @@ def test_consumer_releasing_before_it_leaves(both: Both) -> None:
     assert through == direct
 
 
+@dataclass(frozen=True)
+class CreditTakenBack:
+    reduced: list[Any]
+    other: list[Any]
+    errors: Errors
+
+
+def credit_taken_back(target: Target) -> CreditTakenBack:
+    """Consumer A grants 5, gets one message, then takes back the 4 left (a flow with
+    link-credit 0, AMQP 2.6.7); B attaches with 10, and 4 more messages are sent."""
+    address = unique_address("credit-back")
+    with Peer(target.url) as a, Peer(target.url) as b, Peer(target.url) as producer:
+        sender = producer.sender(address)
+        producer.send(sender, message(0))
+        reduced = a.receiver(address, credit=5, auto_accept=False)
+        a.wait(lambda: bool(reduced.received))
+        a.flow(reduced, -4)
+        a.wait(lambda: False, 0.5)  # fixed: the lowered credit must reach the broker first
+        other = b.receiver(address, credit=10)
+        b.wait(lambda: other.remote_opened or b.ended)
+        for i in range(1, 5):
+            producer.send(sender, message(i))
+        b.wait(lambda: len(other.received) >= 4, 3.0)
+        settle_time()
+        return CreditTakenBack(bodies(reduced), bodies(other), a.view.errors + b.view.errors + producer.view.errors)
+
+
+def test_a_consumer_taking_back_credit(both: Both) -> None:
+    """The broker stops sending to a consumer that took its credit back: another consumer
+    gets the messages. Through qpid-flow the broker kept the old credit and sent 2 of the 4
+    to the reduced consumer's upstream link, where they waited for its credit (B got 2)."""
+    direct, through = both(credit_taken_back)
+    assert direct == CreditTakenBack([0], [1, 2, 3, 4], [])
+    assert through == direct
+
+
 # --- 12. other client libraries --------------------------------------------------------------
 
 

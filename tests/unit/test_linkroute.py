@@ -1326,7 +1326,9 @@ def test_an_address_looked_up_before_the_dialect_was_known_is_mapped_once_it_is(
         (10, 3, 2, 5, 7),  # less what waits here and what the broker still has
         (0, 5, -7, 7, 0),  # the broker sent 7 beyond its credit: back to 0, never below
         (1, 0, -6, 7, 1),
-        (2, 5, 1, 0, 1),  # more waits here than the client wants: nothing
+        (2, 5, 1, -1, 0),  # more waits here than the client wants: the broker gets none
+        (0, 0, 4, -4, 0),  # the client took back its credit: so does the broker's link
+        (3, 1, 5, -3, 2),
     ],
 )
 def test_the_upstream_credit_never_goes_out_below_zero(
@@ -1336,9 +1338,9 @@ def test_the_upstream_credit_never_goes_out_below_zero(
     that left it negative went to the broker as link-credit 0xfffffffb (about 4.29
     billion), and RabbitMQ pushed the whole queue into qpid-flow's memory (found by a
     review: 4,000 of 4,000 messages taken from other consumers, RSS +100 MB)."""
-    from qpid_flow.amqp.linkroute import upstream_credit_to_add
+    from qpid_flow.amqp.linkroute import upstream_credit_change
 
-    assert upstream_credit_to_add(client, pending, upstream) == added
+    assert upstream_credit_change(client, pending, upstream) == added
     assert upstream + added == then
 
 
