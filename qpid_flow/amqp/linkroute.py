@@ -39,7 +39,7 @@ from cproton import (
     pn_connection_remote_offered_capabilities,
     pn_link_credit,
 )
-from proton import Array, Condition, Endpoint, Handler, Link, SymbolList, Terminus
+from proton import Array, Condition, Endpoint, Handler, Link, Session, SymbolList, Terminus
 
 from qpid_flow import codec
 from qpid_flow.amqp.endpoints import (
@@ -178,6 +178,34 @@ class _ConsumerRoute:
     @property
     def broker_credit(self) -> int:
         return int(pn_link_credit(self.upstream._impl))
+
+
+class _LeftUnsettled:
+    """A consumer route gone with ``count`` messages unsettled upstream: the broker holds
+    them (not ready) until ``session`` ends (``LeftUnsettled``)."""
+
+    __slots__ = ("count", "session")
+
+    _OPEN = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
+
+    def __init__(self, session: Session, count: int) -> None:
+        self.session: Session | None = session
+        self.count = count
+
+    @property
+    def held(self) -> int:
+        if self.count and not self._lasts():
+            self.session = None  # let Proton's objects go
+            self.count = 0
+        return self.count
+
+    def _lasts(self) -> bool:
+        session = self.session
+        if session is None or session.state != self._OPEN:
+            return False
+        connection = session.connection
+        transport = connection.transport
+        return connection.state == self._OPEN and transport is not None and not transport.closed
 
 
 class _Backend:
@@ -891,8 +919,11 @@ class BrokerRouter(Router):
         if route.consumer is not None and route.destination is not None:
             route.destination.mirrored.discard(route)
             route.consumer = None
-        # Unsettled upstream: the broker gets them back on detach. Counted released, and
-        # told to plugins (the event log's settle, consumer null) as a queue tells them.
+            if route.sent:
+                route.destination.consumer_left_unsettled(_LeftUnsettled(route.upstream.session, len(route.sent)))
+        # Unsettled upstream: the broker gets them back when the link's session ends.
+        # Counted released, and told to plugins (the event log's settle, consumer null)
+        # as a queue tells them.
         for _delivery, _upstream, message in route.sent.values():
             self._counted_out(route, message, _RELEASED)
         route.sent.clear()

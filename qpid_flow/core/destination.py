@@ -61,6 +61,17 @@ class MirroredConsumer(Protocol):
         ...
 
 
+class LeftUnsettled(Protocol):
+    """In front of a broker: a mirrored consumer's link gone with messages unsettled.
+    RabbitMQ neither redelivers them nor counts them ready while the link's session lasts
+    (it requeues them when the session ends)."""
+
+    @property
+    def held(self) -> int:
+        """Messages the broker still holds for the gone link (0 once its session ended)."""
+        ...
+
+
 class Destination:
     """One address: its waiting messages, consumers, producers and counters."""
 
@@ -119,6 +130,9 @@ class Destination:
         # In front of a broker: consumers whose links are mirrored to the broker (they get
         # their messages from it directly, not from this destination's queue).
         self.mirrored: set[MirroredConsumer] = set()
+        # In front of a broker: consumers gone with messages unsettled that the broker
+        # still holds for them (as unacknowledged, not ready) until their session ends.
+        self.left_unsettled: list[LeftUnsettled] = []
         # (side, since when): the broker's readings have found the depth above (1) or
         # below (-1) the bounds they prove, since then.
         self._outside_broker_bounds: tuple[int, float] | None = None
@@ -509,7 +523,7 @@ class Destination:
         """
         self.broker_backlog_read = True
         fetched = len(self.queue) + sum(len(c.held) for c in self.consumers)
-        fetched += sum(m.held for m in self.mirrored)
+        fetched += sum(m.held for m in self.mirrored) + self.held_for_gone_consumers()
         lowest = max(0, ready) + fetched
         highest = lowest + self.in_flight + self.upstream_credit + sum(max(m.broker_credit, 0) for m in self.mirrored)
         if self.depth > highest:
@@ -530,6 +544,19 @@ class Destination:
         self.depth = depth
         self.bytes = depth * average
         self._hooks.depth_changed(destination=self)
+
+    def consumer_left_unsettled(self, left: LeftUnsettled) -> None:
+        """A mirrored consumer went with messages the broker still holds for it."""
+        self.held_for_gone_consumers()  # drops those whose session has ended since
+        self.left_unsettled.append(left)
+
+    def held_for_gone_consumers(self) -> int:
+        """Messages the broker holds for gone consumers (``left_unsettled``), forgetting
+        the gone consumers whose session has ended."""
+        counts = [left.held for left in self.left_unsettled]
+        if 0 in counts:
+            self.left_unsettled = [left for left, count in zip(self.left_unsettled, counts, strict=True) if count]
+        return sum(counts)
 
     def _outside_broker_bounds_for_a_while(self, side: int, now: float | None) -> bool:
         """The broker's readings have found the depth on ``side`` of their bounds (1 above,

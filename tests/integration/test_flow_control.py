@@ -541,6 +541,32 @@ def test_messages_a_consumer_holds_unsettled_still_count_against_the_broker_back
     assert (record["depth"], record["flowStopped"]) == (0, False), record
 
 
+def test_messages_a_consumer_left_unsettled_count_until_its_session_ends(rabbitmq, qpid_flow_process) -> None:
+    """A consumer takes the 950-message backlog unsettled and detaches its link, its session
+    open: RabbitMQ keeps the 950 for it, unacknowledged, until the session ends. The depth
+    fell to 0 a second later and flow resumed with the queue full (a review: stop + 1 let
+    through once more per consumer that did this)."""
+    from .harness.scenario import Peer
+
+    name = unique("left")
+    publish_directly(rabbitmq, name, 950)
+    router = router_reading_rabbitmq_depth(rabbitmq, qpid_flow_process, name, "0.2s")
+    wait_for_depth(router, name, 950)
+    with Peer(router.url) as holder:
+        link = holder.receiver(name, credit=1000, auto_accept=False)
+        assert holder.wait(lambda: len(link.received) == 950, 30)
+        holder.detach(link)
+        # Fixed: seven readings of the broker's depth, each 0 ready, past the second for
+        # which a reading must hold before the depth is lowered.
+        time.sleep(1.5)
+        record = router.stat(name)
+        assert (record["depth"], record["flowStopped"], record["flowStoppedCount"]) == (950, True, 1), record
+        holder.call(lambda: holder._links[link.name].session.close())
+        time.sleep(1.5)  # fixed: the broker requeues the 950: ready again, the same depth
+        record = router.stat(name)
+        assert (record["depth"], record["flowStopped"], record["flowStoppedCount"]) == (950, True, 1), record
+
+
 @pytest.mark.parametrize("how", ["killed", "stopped cleanly"])
 def test_a_broker_lost_with_no_client_connected_restarts_the_depth(fresh_rabbitmq, qpid_flow_process, how) -> None:
     """A destination stopped at depth 11 (flow_stop_count 10) in front of RabbitMQ; every
