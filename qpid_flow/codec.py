@@ -33,6 +33,7 @@ class MalformedMessage(ValueError):
 
 # Section descriptors (AMQP 1.0 part 3.2), numeric and symbolic forms.
 _HEADER = 0x70
+_DELIVERY_ANNOTATIONS = 0x71
 _PROPERTIES = 0x73
 _APPLICATION_PROPERTIES = 0x74
 _SYMBOLIC_DESCRIPTORS = {
@@ -423,19 +424,20 @@ def _expiry(ttl: Any, absolute: Any, received: float) -> float | None:
     return None
 
 
-def check_sections(buf: bytes, received: float = 0.0) -> tuple[float | None, int | None]:
+def check_sections(buf: bytes, received: float = 0.0) -> tuple[float | None, int | None, tuple[int, int] | None]:
     """Raise MalformedMessage unless ``buf`` is a message a client can decode: at least one
     section, each a described section of the message (header, annotations, properties,
     application-properties, body, footer) in the order AMQP 1.0 3.2 gives them, each
     whole, and nothing after the last. (A message without a body passes: RabbitMQ takes
     one too.) A walk of the section headers: values are skipped, not decoded, but the
     header's ttl and the properties' absolute-expiry-time. Returns what
-    :func:`expiry_and_properties` does, found on the way: standalone reads both for every
-    message, in this one walk."""
+    :func:`expiry_and_properties` does, found on the way (standalone reads both for every
+    message, in this one walk), and where the delivery-annotations section lies (start,
+    end), if there is one."""
     end = len(buf)
     if not end:
         raise MalformedMessage("an empty message: no section at all")
-    ttl = absolute = properties = None
+    ttl = absolute = properties = delivery_annotations = None
     try:
         pos, last = 0, 0
         while pos < end:
@@ -455,10 +457,21 @@ def check_sections(buf: bytes, received: float = 0.0) -> tuple[float | None, int
             elif code == _PROPERTIES:
                 properties = value_pos
                 absolute = _list_field(buf, value_pos, _ABSOLUTE_EXPIRY)
-            pos = skip(buf, value_pos)
+            start, pos = pos, skip(buf, value_pos)
+            if code == _DELIVERY_ANNOTATIONS:
+                delivery_annotations = (start, pos)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
-    return _expiry(ttl, absolute, received), properties
+    return _expiry(ttl, absolute, received), properties, delivery_annotations
+
+
+def without_section(buf: bytes, span: tuple[int, int], properties: int | None) -> tuple[bytes, int | None]:
+    """``buf`` without the section at ``span`` (start, end), and where the properties'
+    value (at ``properties`` in ``buf``, or None) lies in what is left."""
+    start, end = span
+    if properties is not None and properties > start:
+        properties -= end - start
+    return buf[:start] + buf[end:], properties
 
 
 _TTL = 2  # in the header's list

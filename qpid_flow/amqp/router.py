@@ -862,6 +862,11 @@ class Router(Handler):
         if credit < 0:
             self._transfer_beyond_credit(link, delivery)
             return
+        if producer.id not in self._producers:
+            # Its link was ended (a message too large) and it sent more before it heard:
+            # dropped unsettled, as a transfer past its credit is.
+            delivery.settle()
+            return
         producer.credit = credit
         producer.transfers += 1
         presettled = delivery.settled
@@ -900,11 +905,16 @@ class Router(Handler):
             # before any policy counts it (queued as sent, it made every consumer it was
             # offered to fail). A transaction it belongs to fails, as for any rejection.
             try:
-                message.expires, message.properties_at = codec.check_sections(data, message.arrived)
+                message.expires, message.properties_at, hop_only = codec.check_sections(data, message.arrived)
             except codec.MalformedMessage as exc:
                 refusal = Reject(f"the message cannot be decoded: {exc}", "amqp:decode-error")
                 self._apply_decision(refusal, destination, message)
                 return
+            if hop_only is not None:
+                # Delivery annotations are for the receiving peer alone (AMQP 1.0 3.2.2): the
+                # broker's, not its consumers' (Artemis and ActiveMQ drop them on arrival).
+                data, message.properties_at = codec.without_section(data, hop_only, message.properties_at)
+                message.data, message.size = data, len(data)
         decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
         if self._held and destination.address in self._held and not isinstance(decision, Reject):
             # Transfers held for this address go first, in arrival order: one that arrives

@@ -402,6 +402,25 @@ def test_oversized_message_ends_that_link_only(qpid_flow_process) -> None:
     assert Counter(small.outcomes.values()) == {"accepted": 100}
 
 
+def test_what_a_link_sent_after_its_oversized_message_is_not_taken(qpid_flow_process) -> None:
+    """The link ends at a message over max_message_size; two more the client sent on it
+    before it heard were settled accepted after the detach and delivered (standalone; in
+    front of a broker they were dropped, as a transfer past a link's end must be)."""
+    router = qpid_flow_process(config_text='max_message_size = "64 KB"\n')
+    address = unique("after-big")
+    with Peer(router.url) as producer, Peer(router.url) as consumer:
+        sender = producer.sender(address)
+        producer.wait(lambda: sender.credit > 3 or producer.ended)
+        for body in ("x" * 200_000, "tail-0", "tail-1"):
+            producer.send(sender, Message(body=body))
+        assert producer.wait(lambda: bool(producer.view.errors), 10)
+        receiver = consumer.receiver(address, credit=10)
+        consumer.wait(lambda: bool(receiver.received), 1.0)
+        assert ("link", "amqp:link:message-size-exceeded") in producer.view.errors, producer.view.errors
+        # Settled with no outcome, as qpid-flow drops what a link sends past its end.
+        assert sender.outcomes[1:] == [("0", None), ("0", None)] and bodies(receiver) == []
+
+
 def test_clients_that_send_credentials_are_served(router) -> None:
     """Clients configured for the broker (user and password in the URL) need no change."""
     address = unique("creds")

@@ -540,3 +540,35 @@ def test_a_message_a_client_cannot_decode_is_refused_not_queued(qpid_flow_proces
             receiver.receive(timeout=1)
     finally:
         consumer.close()
+
+
+def test_delivery_annotations_are_not_passed_on_to_consumers(qpid_flow_process: StartRouter) -> None:
+    """Delivery annotations are for the receiving peer only (AMQP 1.0 3.2.2): qpid-flow,
+    standalone, is that peer, and its consumers get the message without them, as from
+    Artemis or ActiveMQ. Everything else arrives as sent."""
+    router = qpid_flow_process()
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        sender = connection.create_sender("hop.only")
+        sent = Message(
+            body="with-da",
+            id="m-1",
+            group_id="g",
+            properties={"k": 1},
+            annotations={symbol("x-opt-kept"): "yes"},
+            instructions={symbol("x-opt-hop-only"): "for the next hop"},
+        )
+        sender.send(sent)
+        receiver = connection.create_receiver("hop.only")
+        got = receiver.receive(timeout=10)
+        receiver.accept()
+    finally:
+        connection.close()
+    assert got.instructions is None
+    assert (got.body, got.id, got.group_id, got.properties, got.annotations) == (
+        "with-da",
+        "m-1",
+        "g",
+        {"k": 1},
+        {symbol("x-opt-kept"): "yes"},
+    )

@@ -223,7 +223,22 @@ def test_the_walker_agrees_with_protons_decode_on_random_messages() -> None:
         expiry = codec.expiry_time(data, 1000.0)
         assert expiry == pytest.approx(min(expiries)) if expiries else expiry is None
         # Whatever Proton encodes passes, with the expiry walk's answer found on the way.
-        assert codec.check_sections(data, 1000.0) == codec.expiry_and_properties(data, 1000.0)
+        expiry, properties, hop_only = codec.check_sections(data, 1000.0)
+        assert (expiry, properties) == codec.expiry_and_properties(data, 1000.0)
+        # Standalone drops the delivery annotations: the rest decodes as before, and the
+        # properties are where the offset says.
+        assert (hop_only is not None) == bool(decoded.instructions)
+        if hop_only is not None:
+            kept_bytes, properties = codec.without_section(data, hop_only, properties)
+            stripped = Message()
+            stripped.decode(kept_bytes)
+            assert stripped.instructions is None
+            assert (stripped.body, stripped.annotations, stripped.properties) == (
+                decoded.body,
+                decoded.annotations,
+                decoded.properties,
+            )
+            assert codec.identity(kept_bytes, properties) == (message_id, group)
 
 
 def test_message_annotations_are_merged_keeping_every_other_byte() -> None:
