@@ -180,13 +180,14 @@ class _ConsumerRoute:
         return int(pn_link_credit(self.upstream._impl))
 
 
+_OPEN = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE  # an endpoint open at both ends
+
+
 class _LeftUnsettled:
     """A consumer route gone with ``count`` messages unsettled upstream: the broker holds
     them (not ready) until ``session`` ends (``LeftUnsettled``)."""
 
     __slots__ = ("count", "session")
-
-    _OPEN = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
 
     def __init__(self, session: Session, count: int) -> None:
         self.session: Session | None = session
@@ -201,11 +202,11 @@ class _LeftUnsettled:
 
     def _lasts(self) -> bool:
         session = self.session
-        if session is None or session.state != self._OPEN:
+        if session is None or session.state != _OPEN:
             return False
         connection = session.connection
         transport = connection.transport
-        return connection.state == self._OPEN and transport is not None and not transport.closed
+        return connection.state == _OPEN and transport is not None and not transport.closed
 
 
 class _Backend:

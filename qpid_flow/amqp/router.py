@@ -862,9 +862,9 @@ class Router(Handler):
         if credit < 0:
             self._transfer_beyond_credit(link, delivery)
             return
-        if producer.id not in self._producers:
-            # Its link was ended (a message too large) and it sent more before it heard:
-            # dropped unsettled, as a transfer past its credit is.
+        if producer.id not in self._producers and link.state & Endpoint.LOCAL_CLOSED:
+            # qpid-flow ended its link (a message too large) and it sent more before it
+            # heard: dropped, as what a link sends past its credit is.
             delivery.settle()
             return
         producer.credit = credit
