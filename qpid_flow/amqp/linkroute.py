@@ -39,7 +39,7 @@ from cproton import (
     pn_connection_remote_offered_capabilities,
     pn_link_credit,
 )
-from proton import Array, Condition, Endpoint, Handler, Link, Session, SymbolList, Terminus
+from proton import Array, Condition, Endpoint, Handler, Link, Session, SymbolList, Terminus, Transport
 
 from qpid_flow import codec
 from qpid_flow.amqp.endpoints import (
@@ -388,7 +388,12 @@ class BrokerRouter(Router):
             return
         if conn == pair.upstream:
             if not pair.client.state & Endpoint.LOCAL_CLOSED:
-                self._upstream_dropped(pair)
+                if _silent(event.transport):
+                    # The broker stopped answering (hung, or a path to it half dead): as
+                    # lost, not as a connection it dropped (a TCP connect still succeeds).
+                    self._close_client(pair, Condition(_FORCED, "the broker stopped answering"), "broker_idle_timeout")
+                else:
+                    self._upstream_dropped(pair)
         else:
             self._client_gone(pair)
             self._close_upstream(pair, None, event.container)
@@ -1397,6 +1402,13 @@ def _close(endpoint: Any, condition: Condition | None) -> None:
     if condition is not None:
         endpoint.condition = condition
     endpoint.close()
+
+
+def _silent(transport: Transport | None) -> bool:
+    """Whether Proton ended ``transport`` because its peer sent nothing for its idle
+    timeout (its own "local-idle-timeout expired" error)."""
+    condition = transport.condition if transport is not None else None
+    return condition is not None and condition.description == "local-idle-timeout expired"
 
 
 def _asking_for(idle_timeout: float) -> float:

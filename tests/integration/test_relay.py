@@ -277,6 +277,32 @@ def declare_durable_queue(broker_url: str, name: str) -> None:
         connection.channel().queue_declare(name, durable=True)
 
 
+def test_a_broker_that_stops_answering_closes_its_clients_with_connection_forced(
+    fresh_rabbitmq, qpid_flow_process
+) -> None:
+    """RabbitMQ hung (SIGSTOP): a client's upstream connection times out on its keep-alives,
+    while a TCP connect to the broker still succeeds (its kernel accepts). The client was
+    dropped without a close ("connection aborted", as if qpid-flow had died); a lost broker
+    closes it with amqp:connection:forced (SEMANTICS 4), so its reconnect takes over."""
+    import signal
+
+    router = qpid_flow_process(broker_url=fresh_rabbitmq.url)
+    client = Peer(router.url, heartbeat=2.0)
+    beam = fresh_rabbitmq.pid
+    assert beam is not None
+    try:
+        sender = client.sender(unique("hung"))
+        assert client.wait(lambda: sender.remote_opened)
+        os.kill(beam, signal.SIGSTOP)
+        try:
+            assert client.wait(lambda: client.ended, 20), "the client is still connected"
+        finally:
+            os.kill(beam, signal.SIGCONT)
+        assert client.view.errors == [("connection", "amqp:connection:forced")], client.view.errors
+    finally:
+        client.close()
+
+
 def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_flow_process) -> None:
     """Losing the broker closes the clients' connections with amqp:connection:forced; a
     producer that reconnects and sends again what got no outcome loses nothing, and nothing

@@ -253,6 +253,7 @@ class Peer:
         mechanisms: str | None = None,
         timeout: float = WAIT,
         wait_open: bool = True,
+        heartbeat: float | None = None,
     ) -> None:
         self.url = url
         self.timeout = timeout
@@ -287,6 +288,8 @@ class Peer:
             kwargs["virtual_host"] = virtual_host
         if properties is not None:
             kwargs["properties"] = properties
+        if heartbeat is not None:  # the idle timeout the open frame says
+            kwargs["heartbeat"] = heartbeat
 
         def connect() -> None:
             self._conn = self._container.connect(url, **kwargs)
