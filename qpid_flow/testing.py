@@ -185,6 +185,9 @@ class ManualControl:
     def held_transfers(self, address: str) -> int:
         return 0
 
+    def held_messages(self, address: str) -> list[Message]:
+        return []
+
     def delayed_producers(self, address: str) -> int:
         return 0
 

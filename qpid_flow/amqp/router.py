@@ -1186,6 +1186,9 @@ class Router(Handler):
     def held_count(self, address: str) -> int:
         return len(self._held.get(address, ()))
 
+    def held_messages(self, address: str) -> list[Message]:
+        return list(self._held.get(address, ()))
+
     def _drop_held(self, producer: Producer) -> None:
         """A producer left: its held transfers were never accepted, so they are dropped;
         its delayed settlements have no one to go to."""

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from qpid_flow.amqp.router import Router
     from qpid_flow.core.destination import Destination
     from qpid_flow.core.memory import MemoryMeter
+    from qpid_flow.core.model import Message
     from qpid_flow.core.registry import Destinations
     from qpid_flow.plugin.manager import Hooks
 
@@ -118,6 +119,13 @@ class RouterControl:
         """How many transfers to ``address`` a policy is holding unforwarded (answered
         ``Hold`` by :func:`~qpid_flow.plugin.hookspecs.qpid_flow_transfer_arrived`)."""
         return self._router.held_count(address)
+
+    def held_messages(self, address: str) -> list[Message]:
+        """The transfers to ``address`` a policy is holding unforwarded, in arrival order.
+        Only the first is asked again when the destination changes
+        (:func:`~qpid_flow.plugin.hookspecs.qpid_flow_transfer_arrived`): a policy that
+        starts a clock on each (``reject_after``) reads the others here."""
+        return self._router.held_messages(address)
 
     def delayed_producers(self, address: str) -> int:
         """How many producers wait for the settlement of a transfer to ``address`` (delayed by

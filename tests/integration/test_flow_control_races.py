@@ -279,6 +279,26 @@ def test_limits_tightened_under_a_producer_holding_credit_still_bound_the_depth(
     client.pump(lambda: all(d.remote_state == Delivery.ACCEPTED for d in deliveries), 5, "every outcome")
 
 
+def test_reject_after_set_at_runtime_times_every_held_transfer_from_then(standalone: Any, clients: Any) -> None:
+    """Transfers held under plain flow (sent past stop + 1 on credit given before), then
+    reject_after = 1s set at runtime: each is rejected once it has waited that long (seed
+    002, sendFailIfNoSpaceAfterTimeout). Only the first held transfer was asked again, so
+    each of the others started its clock when the one ahead went: the n-th after n s."""
+    router = standalone('[destinations."t5"]\nflow_stop_count = 1000\nflow_resume_count = 900\n')
+    client = clients(router.url)
+    sender = client.sender(client.connect(), "t5")
+    assert router.admin.call("PUT", "/v1/destinations/t5", {"flow_stop_count": 2, "flow_resume_count": 1})[0] == 200
+    deliveries = _send_while_credit(sender, 8)
+    client.pump(None, 1.0)
+    assert router.admin.stat("t5")["transfersHeld"] == 5  # 3 admitted: stop + 1
+    settings = {"flow_stop_count": 2, "flow_resume_count": 1, "reject_after": "1s"}
+    assert router.admin.call("PUT", "/v1/destinations/t5", settings)[0] == 200
+    changed = time.monotonic()
+    client.pump(lambda: all(d.remote_state for d in deliveries), 10, "every outcome")
+    assert time.monotonic() - changed < 2.5  # every one at reject_after, not 5 s for the fifth
+    assert [d.remote_state for d in deliveries] == [Delivery.ACCEPTED] * 3 + [Delivery.REJECTED] * 5
+
+
 def test_an_operator_stop_holds_what_a_producer_sends_on_credit_it_already_had(standalone: Any, clients: Any) -> None:
     """producers stop after the producer got its credit: nothing it sends goes in until
     producers start; then everything does, in order."""

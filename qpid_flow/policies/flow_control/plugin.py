@@ -154,7 +154,22 @@ class Plugin:
         )
         log.info("flow_policy_changed", address=destination.address, **entry.state.limits.as_dict())
         self._transitioned(destination, entry, transition)
+        self._start_reject_after_clocks(destination, entry)
         self._wake_soon(destination.address)  # a looser policy may free credit at once
+
+    def _start_reject_after_clocks(self, destination: Destination, entry: _Entry) -> None:
+        """``reject_after`` came with a change: the transfers held before it wait that long
+        from now, each. Only the first held transfer is asked again, so the others would
+        start their clocks one after another: the n-th rejected after n x reject_after."""
+        reject_after = destination.policy.settings.get("reject_after")
+        if reject_after is None or self._control is None:
+            return
+        due = self._clock() + reject_after
+        held = self._control.held_messages(destination.address)
+        for message in held:
+            entry.deadlines.setdefault(message.sequence, due)
+        if held:
+            self._wake_at(destination, entry, reject_after)
 
     def _limits_for(self, destination: Destination) -> Any:
         if self._config is None:
