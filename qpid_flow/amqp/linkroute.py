@@ -899,27 +899,50 @@ class BrokerRouter(Router):
             self._linger_done(sender)
 
     def policy_applied(self, destinations: list[Destination]) -> None:
-        """A policy change reached ``destinations``. One that now hands its messages out
-        itself (message groups turned on) cannot leave consumers reading the broker's queue
-        directly around it: two of them would hold one group's messages at once. Those are
-        detached with ``amqp:link:detach-forced``; attaching again (clients do), they are
-        served by qpid-flow's reader, one group to one consumer."""
+        """A policy change reached ``destinations``: consumers move to the reader when
+        message groups are turned on, off it when they are turned off."""
         for destination in destinations:
-            if not destination.dispatched_by_plugin or not destination.mirrored:
-                continue
-            routes = [route for route in list(destination.mirrored) if isinstance(route, _ConsumerRoute)]
-            for route in routes:
-                self._link_gone(route.client)
-                self._link_gone(route.upstream)
-                if route.upstream.state & Endpoint.LOCAL_ACTIVE:
-                    route.upstream.close()  # the broker gets its unsettled messages back
-                if route.client.state & Endpoint.LOCAL_ACTIVE:
-                    route.client.condition = Condition(
-                        "amqp:link:detach-forced",
-                        f"{destination.address!r} now has message groups (shared_groups): attach again",
-                    )
-                    route.client.close()
-            log.info("consumers_rerouted", address=destination.address, consumers=len(routes))
+            if destination.dispatched_by_plugin:
+                self._reroute_to_reader(destination)
+            else:
+                self._reroute_to_broker(destination)
+
+    def _reroute_to_reader(self, destination: Destination) -> None:
+        """A destination that now hands its messages out itself (groups turned on) cannot
+        leave consumers reading the broker's queue directly around it: two of them would
+        hold one group's messages at once. Those are detached with
+        ``amqp:link:detach-forced``; attaching again (clients do), they are served by
+        qpid-flow's reader, one group to one consumer."""
+        routes = [route for route in list(destination.mirrored) if isinstance(route, _ConsumerRoute)]
+        if not routes:
+            return
+        for route in routes:
+            self._link_gone(route.client)
+            self._link_gone(route.upstream)
+            if route.upstream.state & Endpoint.LOCAL_ACTIVE:
+                route.upstream.close()  # the broker gets its unsettled messages back
+            self._force_reattach(route.client, f"{destination.address!r} now has message groups (shared_groups)")
+        log.info("consumers_rerouted", address=destination.address, consumers=len(routes))
+
+    def _reroute_to_broker(self, destination: Destination) -> None:
+        """The other way (groups turned off): the reader's consumers are detached alike, and
+        come back reading the broker's queue directly; the reader, with no consumer left,
+        gives the broker back what it fetched. (Those messages waited in qpid-flow for the
+        reader's consumers, while new ones, reading the broker, got none of them.)"""
+        address = destination.address
+        links = [link for consumer, link in self._consumers.values() if consumer.address == address]
+        if not links:
+            return
+        for link in links:
+            self._link_gone(link)
+            self._force_reattach(link, f"{address!r} no longer has message groups (shared_groups)")
+        log.info("consumers_rerouted", address=address, consumers=len(links))
+
+    @staticmethod
+    def _force_reattach(link: Link, why: str) -> None:
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.condition = Condition("amqp:link:detach-forced", f"{why}: attach again")
+            link.close()
 
     def _consumer_route_gone(self, route: _ConsumerRoute) -> None:
         if route.consumer is not None and route.destination is not None:

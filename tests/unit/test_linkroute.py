@@ -1186,6 +1186,37 @@ def test_consumers_reading_the_broker_are_detached_when_groups_are_turned_on_at_
     assert not orders.mirrored
 
 
+def test_the_readers_consumers_are_detached_when_groups_are_turned_off_at_runtime() -> None:
+    """shared_groups turned off while a consumer is served by qpid-flow's reader: it is
+    detached with amqp:link:detach-forced (its client attaches again, reading the broker's
+    queue directly), and the reader, with no consumer left, is told (it gives the broker
+    back what it fetched). It stayed attached: what the reader had fetched waited for it
+    while new consumers, reading the broker, got none of it."""
+    from qpid_flow.admin.operations import Operations
+
+    rig = grouped_rig()
+    pair = open_pair(rig, hostname="vhost:v1")
+    session, _ = begin(rig, pair)
+    receiver = session.receiver("orders-grouped")
+    receiver.source.address = "orders"
+    receiver.open()
+    rig.pump()
+    probe = broker_link(pair, "orders-grouped")
+    probe.source.copy(probe.remote_source)
+    probe.target.copy(probe.remote_target)
+    probe.open()
+    rig.pump()
+    orders = rig.destinations.find("orders")
+    assert orders is not None and len(orders.consumers) == 1
+    operations = Operations(rig.destinations, cast(Any, None), rig.router)
+    operations.add_destination("orders", {"shared_groups": False})
+    rig.pump()
+    assert receiver.remote_condition is not None
+    assert receiver.remote_condition.name == "amqp:link:detach-forced"
+    assert not orders.consumers
+    assert ("consumer_detached", "orders") in cast(StubGroupReader, rig.group_reader).calls
+
+
 def test_a_broker_behind_a_proxy_that_still_takes_connections_is_lost_all_the_same(rig: Rig) -> None:
     """A proxy (HAProxy) in front of a broker that is gone takes TCP connections: the
     connect says reachable, but the reader's own connection is lost too, so the client is
