@@ -952,6 +952,16 @@ def grouped_rig() -> Rig:
     )
 
 
+def echo_probe(rig: Rig, pair: Pair, name: str) -> Link:
+    """The broker answers the probe of grouped consumer ``name`` with an echo of its attach."""
+    probe = broker_link(pair, name)
+    probe.source.copy(probe.remote_source)
+    probe.target.copy(probe.remote_target)
+    probe.open()
+    rig.pump()
+    return probe
+
+
 def test_a_grouped_destination_s_consumer_is_answered_with_the_selector_and_mode_qpid_flow_applies() -> None:
     """On a shared_groups destination qpid-flow's own reader and dispatch serve the
     consumers: the broker only checks the right to read (a probe). Its echo of the
@@ -970,11 +980,7 @@ def test_a_grouped_destination_s_consumer_is_answered_with_the_selector_and_mode
     )
     receiver.open()
     rig.pump()
-    probe = broker_link(pair, "orders-browser")
-    probe.source.copy(probe.remote_source)  # an echo of everything, as Artemis does
-    probe.target.copy(probe.remote_target)
-    probe.open()
-    rig.pump()
+    echo_probe(rig, pair, "orders-browser")  # an echo of everything, as Artemis does
     answered = receiver.remote_source
     assert answered.distribution_mode == Terminus.DIST_MODE_COPY
     assert content(answered.filter) == {"colour": Described(SELECTOR, "colour = 'red'")}
@@ -1043,11 +1049,7 @@ def test_a_bad_selector_on_a_grouped_destination_is_refused_whatever_the_broker_
     receiver.source.filter.put_dict({symbol("s"): Described(SELECTOR, "colour = = 'x'")})
     receiver.open()
     rig.pump()
-    probe = broker_link(pair, "orders-bad")
-    probe.source.copy(probe.remote_source)  # RabbitMQ ignores a selector it does not apply
-    probe.target.copy(probe.remote_target)
-    probe.open()
-    rig.pump()
+    probe = echo_probe(rig, pair, "orders-bad")  # RabbitMQ ignores a selector it does not apply
     assert receiver.state & Endpoint.REMOTE_CLOSED
     assert receiver.remote_condition.name == "amqp:invalid-field"
     assert probe.state & Endpoint.REMOTE_CLOSED
@@ -1201,11 +1203,7 @@ def test_the_readers_consumers_are_detached_when_groups_are_turned_off_at_runtim
     receiver.source.address = "orders"
     receiver.open()
     rig.pump()
-    probe = broker_link(pair, "orders-grouped")
-    probe.source.copy(probe.remote_source)
-    probe.target.copy(probe.remote_target)
-    probe.open()
-    rig.pump()
+    echo_probe(rig, pair, "orders-grouped")
     orders = rig.destinations.find("orders")
     assert orders is not None and len(orders.consumers) == 1
     operations = Operations(rig.destinations, cast(Any, None), rig.router)
