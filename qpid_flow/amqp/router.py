@@ -915,6 +915,10 @@ class Router(Handler):
                 # broker's, not its consumers' (Artemis and ActiveMQ drop them on arrival).
                 data, message.properties_at = codec.without_section(data, hop_only, message.properties_at)
                 message.data, message.size = data, len(data)
+                if not data:  # nothing left for a consumer: as an empty transfer
+                    refusal = Reject("the message holds delivery annotations only", "amqp:decode-error")
+                    self._apply_decision(refusal, destination, message)
+                    return
         decision = self.hooks.transfer_arrived(producer=producer, message=message, destination=destination)
         if self._held and destination.address in self._held and not isinstance(decision, Reject):
             # Transfers held for this address go first, in arrival order: one that arrives

@@ -475,11 +475,12 @@ def test_sasl_deadline_and_idle_timeout_drop_silent_peers(
     idle.connection.open()
     assert idle.pump(lambda: idle.connection.state & Endpoint.REMOTE_ACTIVE)
     # Proton advertises half its own timeout: the open frame asks for a keep-alive within
-    # 1 s, and silence of idle_timeout (2 s) closes, not less (it closed after 1 s, half).
+    # 1 s, and silence closes after idle_timeout (2 s) at the soonest, twice it at the
+    # latest (it could close after 1 s, half).
     assert idle.transport.remote_idle_timeout == 1.0
     started = time.monotonic()
     answer = _read_until_closed(idle.sock)  # from now on the client says nothing at all
-    assert 1.9 < time.monotonic() - started < 8
+    assert 1.9 < time.monotonic() - started < 6
     idle.close()
     assert b"amqp:resource-limit-exceeded" in answer  # Proton's local-idle-timeout close
     # A client that keeps talking is not affected. (A BlockingConnection sends keep-alives only
