@@ -353,6 +353,9 @@ class Hold:
 
     reason: str = ""
 
+    def __post_init__(self) -> None:
+        _must_be_text(self, "reason", self.reason)
+
 
 @dataclass(frozen=True, slots=True)
 class Reject:
@@ -360,6 +363,17 @@ class Reject:
 
     description: str
     condition: str = "amqp:resource-limit-exceeded"
+
+    def __post_init__(self) -> None:
+        # Checked here, in the plugin that makes one: the router sends both on the wire,
+        # where anything but text would fail on the client's whole connection.
+        _must_be_text(self, "description", self.description)
+        _must_be_text(self, "condition", self.condition)
+
+
+def _must_be_text(decision: object, field: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{type(decision).__name__}.{field} must be a str, not {type(value).__name__}: {value!r}")
 
 
 Decision = Admit | Hold | Reject

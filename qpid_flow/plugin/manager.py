@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
 import os
 import types
 import weakref
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import pluggy
 import structlog
 
-from qpid_flow.config import ConfigError
+from qpid_flow.config import MAX_CREDIT, ConfigError
 from qpid_flow.core.model import Admit, Hold, Reject
 
 if TYPE_CHECKING:
@@ -231,10 +232,13 @@ def _is_decision(answer: Any) -> bool:
     return isinstance(answer, (Admit, Hold, Reject))
 
 
-def _is_credit(answer: Any) -> bool:
+def _is_credit(answer: Any, producer: Producer) -> bool:
     # bool is an int, but True is no credit anyone meant; a float or a negative number is
-    # refused by Proton (the connection closes) or by the client.
-    return isinstance(answer, int) and not isinstance(answer, bool) and answer >= 0
+    # refused by Proton (the connection closes) or by the client, and so is credit past
+    # AMQP's 2^31 - 1 with what the link holds (or it wraps round to a negative credit).
+    if not isinstance(answer, int) or isinstance(answer, bool):
+        return False
+    return 0 <= answer <= MAX_CREDIT - max(producer.credit, 0)
 
 
 def _is_selection(answer: Any, consumers: list[Consumer]) -> bool:
@@ -246,20 +250,31 @@ def _is_selection(answer: Any, consumers: list[Consumer]) -> bool:
     return isinstance(answer, Hold)
 
 
-def _is_mapping(answer: Any) -> bool:
-    return isinstance(answer, Mapping)
+def _is_record(answer: Any) -> bool:
+    """Fields for a destination's statistics: a mapping the admin endpoint can send as
+    JSON (text keys; a set, a datetime or bytes would fail every read of the
+    destinations). Asked per statistics read, not per message."""
+    if not isinstance(answer, Mapping) or not all(isinstance(key, str) for key in answer):
+        return False
+    try:
+        json.dumps(dict(answer), allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 _ANSWER_RULES: dict[str, _AnswerRule] = {
     "qpid_flow_transfer_arrived": _AnswerRule(
         _is_decision, "Admit(), Hold(...), Reject(...) or None", (Admit, Hold, Reject)
     ),
-    "qpid_flow_producer_credit": _AnswerRule(_is_credit, "a non-negative int or None"),
+    "qpid_flow_producer_credit": _AnswerRule(
+        _is_credit, "a non-negative int or None, with the link's credit at most 2^31 - 1", arguments=("producer",)
+    ),
     "qpid_flow_consumer_select": _AnswerRule(
         _is_selection, "one of the consumers offered, Hold(...) or None", arguments=("consumers",)
     ),
     # Collected: a wrong answer is left out of the statistics record, the others' are kept.
-    "qpid_flow_destination_stats": _AnswerRule(_is_mapping, "a dict or None", (Mapping,)),
+    "qpid_flow_destination_stats": _AnswerRule(_is_record, "a dict of JSON values with str keys, or None"),
 }
 
 

@@ -18,7 +18,7 @@ import structlog
 from qpid_flow import hookimpl
 from qpid_flow.config import DestinationPolicy
 from qpid_flow.core.destination import Destination
-from qpid_flow.core.model import Consumer, Hold, Message
+from qpid_flow.core.model import Consumer, Hold, Message, Reject
 from qpid_flow.plugin.manager import PLUGIN_ERRORS, Hooks, build_plugin_manager
 from qpid_flow.testing import make_consumer
 
@@ -201,3 +201,80 @@ def test_a_wrapper_replacing_the_statistics_with_wrong_ones_is_named() -> None:
         record = destination.stats()
     assert record["goodField"] == 7
     assert plugin_errors(logs) == [(STATS, "replaces", repr(("not", "a", "dict")))]
+
+
+class SetStats:
+    @hookimpl
+    def qpid_flow_destination_stats(self) -> object:
+        return {"prioritySeen": {1, 2}}  # a set: no JSON for it
+
+
+@pytest.mark.parametrize("calling", CALLING)
+def test_statistics_json_cannot_carry_are_left_out_naming_plugin_and_answer(calling: str) -> None:
+    """A set among the fields passed, and every read of the destinations then failed in
+    the admin endpoint (the connection dropped, no plugin named)."""
+    import json
+
+    hooks = hooks_with(GoodStats(), SetStats(), calling=calling)
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    with structlog.testing.capture_logs() as logs:
+        record = destination.stats()
+    assert "prioritySeen" not in record and record["goodField"] == 7
+    json.dumps(record)  # what the admin endpoint sends
+    assert plugin_errors(logs) == [(STATS, "setstats", repr({"prioritySeen": {1, 2}}))]
+
+
+# --- credit and decisions --------------------------------------------------------------------
+
+CREDIT = "qpid_flow_producer_credit"
+
+
+class Grants:
+    def __init__(self, answer: int) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def qpid_flow_producer_credit(self) -> int:
+        return self.answer
+
+
+@pytest.mark.parametrize("calling", CALLING)
+@pytest.mark.parametrize(("held", "answer"), [(0, 3_000_000_000), (2, 2**31 - 2)])
+def test_credit_past_2_to_the_31_with_what_the_link_holds_is_refused(calling: str, held: int, answer: int) -> None:
+    """Proton raised OverflowError on the first (the client's whole connection closed with
+    amqp:internal-error), and the second wrapped round to a negative credit on the wire."""
+    from qpid_flow.testing import make_producer
+
+    hooks = hooks_with(Grants(answer), calling=calling)
+    producer = make_producer("q")
+    producer.credit = held
+    with structlog.testing.capture_logs() as logs:
+        granted = hooks.producer_credit(producer=producer, destination=None)
+    assert not isinstance(granted, int) or isinstance(granted, bool) or granted + held <= 2**31 - 1
+    assert plugin_errors(logs) == [(CREDIT, "grants", repr(answer))]
+
+
+def test_credit_up_to_2_to_the_31_with_what_the_link_holds_passes() -> None:
+    from qpid_flow.testing import make_producer
+
+    hooks = hooks_with(Grants(2**31 - 3))
+    producer = make_producer("q")
+    producer.credit = 2
+    with structlog.testing.capture_logs() as logs:
+        assert hooks.producer_credit(producer=producer, destination=None) == 2**31 - 3
+    assert plugin_errors(logs) == []
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Reject(5),  # type: ignore[arg-type]  # what an untyped plugin may do
+        lambda: Reject("full", condition=None),  # type: ignore[arg-type]
+        lambda: Hold(b"why"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_decision_made_with_anything_but_text_raises_in_the_plugin(make: Callable[[], object]) -> None:
+    """Reject(5) passed the router's check and failed in Proton on the wire, closing the
+    client's whole connection; raised where it is made, it is the plugin's error."""
+    with pytest.raises(TypeError, match="must be a str"):
+        make()
