@@ -151,7 +151,7 @@ class Coordinator:
                 # it): a failed attempt all the same, as when the client had settled it and
                 # it comes back below, and as JMS brokers count a rollback. (It came back at
                 # 1 or 0 depending on whether the client had settled its transactional accept.)
-                staged.message.failed_attempts += 1
+                staged.message.delivery_failed()
             else:  # the client settled it: it comes back to the queue
                 destination = router.destinations.find(staged.consumer.address)
                 if destination is not None:

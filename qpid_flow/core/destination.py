@@ -315,7 +315,7 @@ class Destination:
         for message in sorted(messages, key=_sequence_of, reverse=True):
             if consumer.held.pop(message.sequence, None) is None:
                 continue
-            message.failed_attempts += 1  # handed out, never settled: a failed attempt
+            message.delivery_failed()  # handed out, never settled: a failed attempt
             self.count_settled(Outcome.RELEASED)  # as the event log's settle records it
             self.queue.released(consumer, message)
             self.queue.requeue(message)
@@ -407,7 +407,7 @@ class Destination:
                 self.dispatch()  # settling may free a message group for others
             return
         if settlement.delivery_failed:
-            message.failed_attempts += 1  # modified(delivery-failed); released does not count
+            message.delivery_failed()  # modified(delivery-failed); released does not count
         self.queue.requeue(message)
         self._requeued_for_browsers = True
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)

@@ -91,6 +91,7 @@ class Message:
         "delivery_count",
         "expires",
         "failed_attempts",
+        "failed_delivery",
         "on_dequeue",
         "origin",
         "producer_id",
@@ -129,6 +130,7 @@ class Message:
         # Deliveries that failed (modified delivery-failed, or a consumer gone without
         # settling): what a redelivery adds to the header's delivery-count.
         self.failed_attempts = 0
+        self.failed_delivery = 0  # the delivery (by delivery_count) last counted failed
         self.expires: float | None = None  # seconds since the epoch; None: never
         # When the transfer arrived: a header's time to live counts from here (AMQP 1.0
         # 3.2.1, "the time of arrival at an intermediary"), even if a policy holds the
@@ -198,6 +200,14 @@ class Message:
             count = fields.get("JMSXDeliveryCount", 1) + self.failed_attempts
             fields = {**fields, "JMSRedelivered": True, "JMSXDeliveryCount": count}
         return fields
+
+    def delivery_failed(self) -> None:
+        """Its current delivery failed: counted once, however many ways that is told (a
+        rolled-back transactional accept, then the consumer leaving with the message or
+        settling it modified(delivery-failed), is one failed attempt)."""
+        if self.failed_delivery != self.delivery_count:
+            self.failed_delivery = self.delivery_count
+            self.failed_attempts += 1
 
     def replace_data(self, data: bytes) -> None:
         """The message is ``data`` from now on (a broker's own change to a message it keeps,

@@ -303,6 +303,56 @@ def test_rolled_back_accepts_give_the_messages_back(
     assert stats(admin, "tx.unconsume")["depth"] == 0
 
 
+class AcceptThenAbort(MessagingHandler, TransactionHandler):
+    """Takes one message, accepts it in a transaction without settling, aborts; then
+    settles it ``modified(delivery-failed)``, or closes still holding it (``then``)."""
+
+    def __init__(self, url: str, address: str, then: str) -> None:
+        super().__init__(prefetch=0, auto_accept=False, auto_settle=False)
+        self.url, self.address, self.then = url, address, then
+        self.delivery: Any = None
+
+    def on_start(self, event: Event) -> None:
+        self.connection = event.container.connect(self.url, reconnect=False)
+        self.receiver = event.container.create_receiver(self.connection, self.address)
+        event.container.declare_transaction(self.connection, handler=self)
+        self.timer = event.container.schedule(TIMEOUT, self)
+
+    def on_timer_task(self, _event: Event) -> None:
+        self.connection.close()
+
+    def on_transaction_declared(self, event: Event) -> None:
+        self.transaction = event.transaction
+        self.receiver.flow(1)
+
+    def on_message(self, event: Event) -> None:
+        self.delivery = event.delivery
+        self.transaction.update(event.delivery, event.delivery.ACCEPTED)  # not settled
+        self.transaction.abort()
+
+    def on_transaction_aborted(self, _event: Event) -> None:
+        if self.then == "modified-failed":
+            self.delivery.local.failed = True
+            self.delivery.update(self.delivery.MODIFIED)
+            self.delivery.settle()
+        self.timer.cancel()
+        self.connection.close()
+
+
+@pytest.mark.parametrize("then", ["modified-failed", "close holding"])
+def test_a_rolled_back_accept_and_what_follows_it_are_one_failed_attempt(
+    router_with_admin: tuple[RouterProcess, str], then: str
+) -> None:
+    """An unsettled transactional accept rolled back counts a failed attempt; settling
+    the same delivery modified(delivery-failed) after, or leaving with it, counted a
+    second: the next delivery said delivery-count 2 for one attempt (JMSXDeliveryCount 3,
+    so max-redelivery dead-lettering fired twice as early)."""
+    router, _ = router_with_admin
+    _send_plain(router, "tx.once", 1)
+    Container(AcceptThenAbort(router.url, "tx.once", then)).run()
+    assert take_counted(router, "tx.once", 1) == [("plain-0", 1)]
+
+
 def test_a_commit_that_no_longer_fits_is_rolled_back(qpid_flow_process: StartRouter) -> None:
     """max_count 5 with ring off, 3 already waiting, 4 more in a transaction: the commit
     would overfill the queue, so the whole transaction is rolled back and the client told."""
