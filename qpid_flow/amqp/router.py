@@ -1219,7 +1219,7 @@ class Router(Handler):
         link = self._consumers[consumer.id][1]
         consumer.delivered += 1
         delivery = new_delivery(link, next(self._tags))
-        send_transfer(link, message.wire())
+        send_transfer(link, message.waiting_wire() if consumer.browser else message.wire())
         if consumer.presettled:
             delivery.settle()
         else:

@@ -223,6 +223,12 @@ class Message:
         header (delivery-count, first-acquirer). Decoded only for redeliveries."""
         return self._wire_at(self.delivery_count)
 
+    def waiting_wire(self) -> bytes:
+        """The bytes a browser's copy of it shows while it waits in its queue: the header
+        its next delivery will carry (a message that failed or went back once says so, as
+        a browser's selector on JMSRedelivered or JMSXDeliveryCount reads it)."""
+        return self._wire_at(self.delivery_count + 1)
+
     def next_wire_size(self) -> int:
         """How many bytes its next delivery puts on the wire (:meth:`wire` once it is
         counted delivered once more): a redelivery's header may be longer."""

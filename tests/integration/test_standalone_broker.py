@@ -403,6 +403,34 @@ def test_browsing_leaves_the_messages_for_consumers(qpid_flow_process: StartRout
         connection.close()
 
 
+@pytest.mark.parametrize("how", ["consumer left holding it", "released"])
+def test_a_browser_sees_a_message_that_went_back_with_the_header_its_next_delivery_carries(
+    qpid_flow_process: StartRouter, how: str
+) -> None:
+    """Delivered once, then back in the queue (a failed attempt, or released): a browser
+    got the bytes as first sent (first-acquirer true, delivery-count 0), though its own
+    selector on JMSXDeliveryCount read them as redelivered."""
+    router = qpid_flow_process()
+    connection = BlockingConnection(router.url, timeout=10)
+    try:
+        connection.create_sender("went.back").send(Message(body="once", first_acquirer=True))
+        taker = connection.create_receiver("went.back", name="taker", credit=1)
+        assert taker.receive(timeout=10).body == "once"
+        if how == "released":
+            taker.release(delivered=False)
+        taker.close()
+        failed = 1 if how == "consumer left holding it" else 0
+        # The browser's selector reads the header as the next delivery carries it.
+        selected = Selector(f"JMSXDeliveryCount = {failed + 1}")
+        browser = connection.create_receiver("went.back", name="browser", options=[Copy(), selected])
+        shown = browser.receive(timeout=10)
+        after = connection.create_receiver("went.back", name="after").receive(timeout=10)
+    finally:
+        connection.close()
+    assert (shown.first_acquirer, shown.delivery_count) == (False, failed)
+    assert (after.first_acquirer, after.delivery_count) == (False, failed)
+
+
 class _OneOffNames(MessagingHandler):
     """Sends one pre-settled message with a ``ttl`` s time to live to each of ``count`` new
     names through the anonymous relay: reply addresses used once."""
