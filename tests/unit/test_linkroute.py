@@ -952,6 +952,17 @@ def grouped_rig() -> Rig:
     )
 
 
+def grouped_consumer(rig: Rig, name: str) -> tuple[Pair, Receiver]:
+    """A client in the reader's vhost attaching consumer ``name`` to grouped ``orders``."""
+    pair = open_pair(rig, hostname="vhost:v1")
+    session, _ = begin(rig, pair)
+    receiver = session.receiver(name)
+    receiver.source.address = "orders"
+    receiver.open()
+    rig.pump()
+    return pair, receiver
+
+
 def echo_probe(rig: Rig, pair: Pair, name: str) -> Link:
     """The broker answers the probe of grouped consumer ``name`` with an echo of its attach."""
     probe = broker_link(pair, name)
@@ -1030,12 +1041,7 @@ def test_a_grouped_destination_s_consumer_in_the_readers_vhost_is_served() -> No
     """The same consumer in the broker URL's vhost (written ``vhost:v1``) is mirrored as a
     probe: the broker checks its right to read."""
     rig = grouped_rig()
-    pair = open_pair(rig, hostname="vhost:v1")
-    session, _ = begin(rig, pair)
-    receiver = session.receiver("orders-here")
-    receiver.source.address = "orders"
-    receiver.open()
-    rig.pump()
+    pair, receiver = grouped_consumer(rig, "orders-here")
     assert not receiver.state & Endpoint.REMOTE_CLOSED
     assert broker_link(pair, "orders-here").remote_source.address == "orders"
 
@@ -1197,12 +1203,7 @@ def test_the_readers_consumers_are_detached_when_groups_are_turned_off_at_runtim
     from qpid_flow.admin.operations import Operations
 
     rig = grouped_rig()
-    pair = open_pair(rig, hostname="vhost:v1")
-    session, _ = begin(rig, pair)
-    receiver = session.receiver("orders-grouped")
-    receiver.source.address = "orders"
-    receiver.open()
-    rig.pump()
+    pair, receiver = grouped_consumer(rig, "orders-grouped")
     echo_probe(rig, pair, "orders-grouped")
     orders = rig.destinations.find("orders")
     assert orders is not None and len(orders.consumers) == 1
