@@ -299,6 +299,25 @@ def test_reject_after_set_at_runtime_times_every_held_transfer_from_then(standal
     assert [d.remote_state for d in deliveries] == [Delivery.ACCEPTED] * 3 + [Delivery.REJECTED] * 5
 
 
+def test_reject_after_shortened_at_runtime_times_the_held_transfers_from_then(standalone: Any, clients: Any) -> None:
+    """Transfers held under reject_after = 20s, then reject_after = 1s: each is rejected a
+    second after the change, not when its 20 s run out (the first held kept its old
+    deadline, and the rest waited behind it)."""
+    router = standalone('[destinations."t6"]\nflow_stop_count = 1000\nflow_resume_count = 900\n')
+    client = clients(router.url)
+    sender = client.sender(client.connect(), "t6")
+    settings: dict[str, Any] = {"flow_stop_count": 2, "flow_resume_count": 1, "reject_after": "20s"}
+    assert router.admin.call("PUT", "/v1/destinations/t6", settings)[0] == 200
+    deliveries = _send_while_credit(sender, 8)
+    client.pump(None, 1.0)
+    assert router.admin.stat("t6")["transfersHeld"] == 5
+    assert router.admin.call("PUT", "/v1/destinations/t6", {**settings, "reject_after": "1s"})[0] == 200
+    changed = time.monotonic()
+    client.pump(lambda: all(d.remote_state for d in deliveries), 25, "every outcome")
+    assert time.monotonic() - changed < 2.5
+    assert [d.remote_state for d in deliveries] == [Delivery.ACCEPTED] * 3 + [Delivery.REJECTED] * 5
+
+
 def test_an_operator_stop_holds_what_a_producer_sends_on_credit_it_already_had(standalone: Any, clients: Any) -> None:
     """producers stop after the producer got its credit: nothing it sends goes in until
     producers start; then everything does, in order."""

@@ -69,6 +69,7 @@ class _Entry:
     wake_pending: bool = False
     deadlines: dict[int, float] = field(default_factory=dict)  # reject_after: message sequence -> deadline
     timer_due: float | None = None  # reject_after: when the pending re-check fires
+    reject_after: float | None = None  # the reject_after the held transfers' clocks follow
     # The sequence number of the message counted in when flow last went ON (the crossing
     # one): anonymous-relay settlements are held from it on (see qpid_flow_settlement_delay).
     stopped_from: int = 0
@@ -158,16 +159,22 @@ class Plugin:
         self._wake_soon(destination.address)  # a looser policy may free credit at once
 
     def _start_reject_after_clocks(self, destination: Destination, entry: _Entry) -> None:
-        """``reject_after`` came with a change: the transfers held before it wait that long
-        from now, each. Only the first held transfer is asked again, so the others would
-        start their clocks one after another: the n-th rejected after n x reject_after."""
+        """A change that sets ``reject_after`` (or a new value of it): the transfers held
+        before it wait that long from now, each, whatever clock they had. Only the first
+        held transfer is asked again, so the others would start their clocks one after
+        another: the n-th rejected after n x reject_after. A change of something else
+        leaves their clocks as they are."""
         reject_after = destination.policy.settings.get("reject_after")
+        changed, entry.reject_after = reject_after != entry.reject_after, reject_after
         if reject_after is None or self._control is None:
             return
         due = self._clock() + reject_after
         held = self._control.held_messages(destination.address)
         for message in held:
-            entry.deadlines.setdefault(message.sequence, due)
+            if changed:
+                entry.deadlines[message.sequence] = due
+            else:
+                entry.deadlines.setdefault(message.sequence, due)
         if held:
             self._wake_at(destination, entry, reject_after)
 
@@ -182,7 +189,9 @@ class Plugin:
     def _entry(self, destination: Destination) -> _Entry:
         entry: _Entry | None = destination.plugin_state.get(STATE_KEY)
         if entry is None:  # a destination made outside the registry (tests, other plugins)
-            entry = destination.plugin_state[STATE_KEY] = _Entry(FlowState(self._limits_for(destination)))
+            entry = destination.plugin_state[STATE_KEY] = _Entry(
+                FlowState(self._limits_for(destination)), reject_after=destination.policy.settings.get("reject_after")
+            )
         return entry
 
     # --- following the depth ----------------------------------------------------------------
