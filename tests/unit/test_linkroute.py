@@ -963,6 +963,14 @@ def grouped_consumer(rig: Rig, name: str) -> tuple[Pair, Receiver]:
     return pair, receiver
 
 
+def set_shared_groups(rig: Rig, on: bool) -> None:
+    """An operator turns message groups on or off for ``orders`` at runtime."""
+    from qpid_flow.admin.operations import Operations
+
+    Operations(rig.destinations, cast(Any, None), rig.router).add_destination("orders", {"shared_groups": on})
+    rig.pump()
+
+
 def echo_probe(rig: Rig, pair: Pair, name: str) -> Link:
     """The broker answers the probe of grouped consumer ``name`` with an echo of its attach."""
     probe = broker_link(pair, name)
@@ -1178,16 +1186,12 @@ def test_consumers_reading_the_broker_are_detached_when_groups_are_turned_on_at_
     qpid-flow's reader), and its upstream link closes (the broker gets its unsettled
     messages back). (It stayed mirrored: it and a consumer served by groups both held
     messages of one group.)"""
-    from qpid_flow.admin.operations import Operations
-
     pair = open_pair(rig)
     session, _ = begin(rig, pair)
     receiver, at_broker = consumer(rig, pair, session)
     orders = rig.destinations.find("orders")
     assert orders is not None and len(orders.mirrored) == 1
-    operations = Operations(rig.destinations, cast(Any, None), rig.router)
-    operations.add_destination("orders", {"shared_groups": True})
-    rig.pump()
+    set_shared_groups(rig, True)
     assert receiver.remote_condition is not None
     assert receiver.remote_condition.name == "amqp:link:detach-forced"
     assert at_broker.state & Endpoint.REMOTE_CLOSED
@@ -1200,16 +1204,12 @@ def test_the_readers_consumers_are_detached_when_groups_are_turned_off_at_runtim
     queue directly), and the reader, with no consumer left, is told (it gives the broker
     back what it fetched). It stayed attached: what the reader had fetched waited for it
     while new consumers, reading the broker, got none of it."""
-    from qpid_flow.admin.operations import Operations
-
     rig = grouped_rig()
     pair, receiver = grouped_consumer(rig, "orders-grouped")
     echo_probe(rig, pair, "orders-grouped")
     orders = rig.destinations.find("orders")
     assert orders is not None and len(orders.consumers) == 1
-    operations = Operations(rig.destinations, cast(Any, None), rig.router)
-    operations.add_destination("orders", {"shared_groups": False})
-    rig.pump()
+    set_shared_groups(rig, False)
     assert receiver.remote_condition is not None
     assert receiver.remote_condition.name == "amqp:link:detach-forced"
     assert not orders.consumers
