@@ -443,8 +443,10 @@ def test_what_a_link_sent_after_its_oversized_message_is_not_taken(qpid_flow_pro
         receiver = consumer.receiver(address, credit=10)
         consumer.wait(lambda: bool(receiver.received), 1.0)
         assert ("link", "amqp:link:message-size-exceeded") in producer.view.errors, producer.view.errors
-        # Settled with no outcome, as qpid-flow drops what a link sends past its end.
-        assert sender.outcomes[1:] == [("0", None), ("0", None)] and bodies(receiver) == []
+        # Neither taken: each settled with no outcome (dropped past the link's end) or not
+        # sent at all (the client saw the detach first); the code before accepted both.
+        assert all(outcome in (None, ("0", None)) for outcome in sender.outcomes[1:]), sender.outcomes
+        assert bodies(receiver) == []
 
 
 def test_clients_that_send_credentials_are_served(router) -> None:
