@@ -189,6 +189,14 @@ DESTINATION_METRICS: tuple[MetricSpec, ...] = (
         "expired",
     ),
     MetricSpec(
+        "qpid_flow_destination_messages_refused",
+        "counter",
+        "Producers' transfers rejected: by a policy, a full destination, a message that cannot be decoded, "
+        "or the broker.",
+        _D,
+        "refused",
+    ),
+    MetricSpec(
         "qpid_flow_destination_messages_ring_dropped",
         "counter",
         "Messages dropped to make room on a ring destination.",

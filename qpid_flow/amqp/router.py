@@ -992,6 +992,10 @@ class Router(Handler):
 
     def _producer_outcome(self, message: Message, settlement: Settlement) -> None:
         """The backend (or a policy) decided the fate of a producer's transfer."""
+        if settlement.outcome is Outcome.REJECTED:
+            refused_on = self.destinations.find(message.address)
+            if refused_on is not None:
+                refused_on.refused += 1
         entry = self._producers.get(message.producer_id)  # type: ignore[arg-type]
         if entry is not None and message.origin is not None:
             destination = self.destinations.find(message.address)

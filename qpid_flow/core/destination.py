@@ -107,6 +107,9 @@ class Destination:
         self.dequeued_total = 0
         self.ring_dropped = 0
         self.expired = 0
+        # Producers' transfers rejected (a policy, a full destination, a message that
+        # cannot be decoded, or the broker): qpidd counts its own as discardsOverflow.
+        self.refused = 0
         # What consumers did with it (metrics and statistics; read, never reset):
         # handed out, and settled accepted / rejected / released or modified.
         self.delivered_total = 0
@@ -615,6 +618,7 @@ class Destination:
             "released": self.released,
             "ringDropped": self.ring_dropped,
             "expired": self.expired,
+            "refused": self.refused,
             "producers": len(self.producers),
             "consumers": len(self.consumers) + len(self.browsers) + len(self.mirrored),
             "maxCount": self.policy.max_count or 0,

@@ -230,6 +230,8 @@ def test_reject_policy_fails_fast_and_loses_nothing(start_router) -> None:
     run_all(producer)
     assert [producer.outcomes[i] for i in range(30)] == ["accepted"] * 11 + ["rejected"] * 19
     assert set(producer.conditions.values()) == {"amqp:resource-limit-exceeded"}
+    # Counted apart from consumers' outcomes, as qpidd's discardsOverflow is.
+    assert (router.stat(name)["refused"], router.stat(name)["rejected"]) == (19, 0)
     consumer = Consumer(router.url, name, prefetch=10, idle_stop=2.0)
     run_all(consumer)
     assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(11))
@@ -247,6 +249,7 @@ def test_reject_after_holds_then_rejects_when_still_full(start_router) -> None:
     assert set(producer.conditions.values()) == {"amqp:resource-limit-exceeded"}
     waited = min(producer.settled_at[i] for i in range(11, 15)) - sent_at
     assert waited >= 0.9, f"rejected after {waited:.2f}s, before the 1s timeout"
+    assert router.stat(name)["refused"] == 4
     consumer = Consumer(router.url, name, prefetch=10, idle_stop=2.0)
     run_all(consumer)
     assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(11))
@@ -267,6 +270,7 @@ def test_reject_after_admits_what_waited_if_space_comes_in_time(start_router) ->
         t.join(30)
     assert Counter(producer.outcomes.values()) == {"accepted": 15}
     assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(15))
+    assert router.stat(name)["refused"] == 0
 
 
 def test_a_time_to_live_counts_from_arrival_while_flow_control_holds_the_transfer(qpid_flow_process) -> None:
