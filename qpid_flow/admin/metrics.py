@@ -27,6 +27,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from qpid_flow.core.registry import TEMPORARY_PREFIX
 from qpid_flow.plugin import hookspecs
 
 __all__ = [
@@ -361,22 +362,32 @@ def _number(value: Any) -> float:
     return 0.0
 
 
+def _configured(record: dict[str, Any]) -> bool:
+    """A destination with a policy of its own exact name (not one of a pattern's)."""
+    return record.get("policy") == record.get("name")
+
+
 class _Labels:
     """Which destinations keep their own ``destination`` label, and what ``_other`` has
     counted.
 
-    A destination's label is decided when it is first seen, and kept while it exists: the
-    deepest new ones take the free places, the rest go to ``_other``. Moving a destination
-    between its own series and ``_other`` would carry its lifetime counters along, and a
-    counter series that goes down reads as a reset to Prometheus (``increase()`` then
-    counts the whole value again: a false alert). For the same reason ``_other``'s
-    counters keep what destinations gone from it had counted.
+    A configured destination (a policy of its exact name) may take a free place when first
+    seen; any other once a second scrape still finds it, so that names clients make and
+    drop (one-off addresses) never get series of their own, which Prometheus keeps for
+    hours after their last sample; temporary queues (one per reply link) never do. The
+    deepest candidates take the free places, and a destination keeps its place, or its
+    sum in ``_other``, while it exists: moving one between its own series and ``_other``
+    would carry its lifetime counters along, and a counter series that goes down reads as
+    a reset to Prometheus (``increase()`` then counts the whole value again: a false
+    alert). For the same reason ``_other``'s counters keep what destinations gone from it
+    had counted, and what one taken out of it had counted until then.
     """
 
     def __init__(self, max_destinations: int) -> None:
         self.max_destinations = max_destinations
         self._named: set[str] = set()
         self._aggregated: dict[str, dict[str, float]] = {}  # name -> its counters, last seen
+        self._second_look: set[str] = set()  # summed when first seen at the last scrape: candidates now
         self.retired: dict[str, float] = {}  # counters of destinations gone from _other
 
     def split(
@@ -401,16 +412,29 @@ class _Labels:
                 add_counters(self.retired, final)
             # One with a label of its own: its series ends with it (not moved into _other).
             self._named.discard(name)
+            self._second_look.discard(name)
         present = {str(r.get("name")) for r in records}
         self._named &= present
         for name in set(self._aggregated) - present:
             add_counters(self.retired, self._aggregated.pop(name))
-        new = [
+        first_seen = [
             r for r in records if str(r.get("name")) not in self._named and str(r.get("name")) not in self._aggregated
         ]
-        new.sort(key=lambda r: (-_number(r.get("depth")), str(r.get("name"))))
+        candidates = [r for r in first_seen if _configured(r)]
+        candidates += [r for r in records if str(r.get("name")) in self._second_look]
+        candidates.sort(key=lambda r: (-_number(r.get("depth")), str(r.get("name"))))
         free = max(0, self.max_destinations - len(self._named))
-        self._named.update(str(r.get("name")) for r in new[:free])
+        for record in candidates[:free]:
+            name = str(record.get("name"))
+            if self._aggregated.pop(name, None) is not None:
+                # Out of _other: what it counted so far stays there.
+                add_counters(self.retired, counter_values(record))
+            self._named.add(name)
+        self._second_look = {
+            str(r.get("name"))
+            for r in first_seen
+            if not _configured(r) and not str(r.get("name")).startswith(TEMPORARY_PREFIX)
+        } - self._named
         shown = [r for r in records if str(r.get("name")) in self._named]
         rest = [r for r in records if str(r.get("name")) not in self._named]
         for record in rest:

@@ -25,6 +25,7 @@ T = TypeVar("T")
 
 ORDERS = {
     "name": "orders",
+    "policy": "orders",  # configured: its own series from the first scrape
     "depth": 950,
     "bytes": 12345,
     "flowStopped": True,
