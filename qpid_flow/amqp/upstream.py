@@ -321,17 +321,26 @@ class _ReaderConnection(Handler):
 
     @property
     def idle(self) -> bool:
-        """Reads nothing: no consumer of its destination is left, or the broker closed its
-        receiver."""
-        return not self._receivers
+        """Reads for no one: no consumer of its destination is left (what it fetched may
+        wait for the next, see consumer_detached), or the broker closed its receiver."""
+        return not any(receiver.destination.consumers for receiver in self._receivers.values())
 
     def consumer_detached(self, destination: Destination) -> None:
         if destination.consumers:
             return
-        receiver = self._receivers.pop(destination.address, None)
+        receiver = self._receivers.get(destination.address)
         if receiver is None:
             return
-        # No local consumer is left: give back what was fetched ahead, then detach.
+        if destination.dispatched_by_plugin:
+            # The last consumer left a destination that still has groups: what was fetched
+            # waits for the next consumer while the connection lingers (GroupReader gives
+            # it back if none comes). Given back now, each message would lose what happened
+            # to it here: a modified outcome's annotations and delivery count, and, for one
+            # fetched ahead and never delivered, first-acquirer (the broker redelivers it).
+            return
+        # Groups turned off: consumers read the broker's queue directly now, so what was
+        # fetched goes back at once, and the receiver detaches.
+        del self._receivers[destination.address]
         destination.upstream_credit = 0
         self._give_back_fetched(destination)
         link = receiver.link
@@ -575,8 +584,8 @@ class GroupReader:
 
     def consumer_detached(self, destination: Destination) -> None:
         """A consumer of ``destination`` left: once none is left, what was fetched for it
-        goes back to the broker, and its connection closes unless a consumer comes again
-        within ``IDLE_READER_LINGER``."""
+        waits, and unless a consumer comes again within ``IDLE_READER_LINGER`` it goes
+        back to the broker and the connection closes (at once if groups were turned off)."""
         reader = self._readers.get(destination.address)
         if reader is None:
             return

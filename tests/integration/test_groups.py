@@ -24,7 +24,7 @@ from proton import Message
 
 from qpid_flow.policies.event_log.writers import read_rows
 
-from .clients import Producer, run_all, unique
+from .clients import Consumer, Producer, Received, run_all, unique
 from .harness.net import free_port
 from .harness.router import admin_request
 
@@ -513,3 +513,50 @@ def test_a_modified_outcomes_annotations_reach_the_next_delivery(router_url) -> 
         assert again.annotations == {symbol("x-opt-retry-reason"): "timeout"}
     finally:
         connection.close()
+
+
+class _ModifyAndLeave(Consumer):
+    """Takes one message, settles it modified(delivery-failed, an annotation) and leaves."""
+
+    def on_message(self, event: Any) -> None:
+        from proton import Delivery, symbol
+
+        self.received.append(Received(event.message, time.monotonic()))
+        delivery = event.delivery
+        delivery.local.failed = True
+        delivery.local.annotations = {symbol("x-opt-retry-reason"): "timeout"}
+        delivery.update(Delivery.MODIFIED)
+        delivery.settle()
+        self.finish()
+
+
+def test_what_the_last_consumer_left_waits_for_the_next_as_it_was_left(router_url) -> None:
+    """The only consumer of a grouped destination settles A1 modified(delivery-failed, an
+    annotation) and leaves; another comes at once (a consumer per request, a poison
+    message's retry loop). In front of RabbitMQ the reader gave everything it had fetched
+    back to the broker the moment the last consumer left: A1 came again with
+    delivery-count 0 and without the annotation, and B1, fetched ahead and never
+    delivered to anyone, came first-acquirer false. What was fetched now waits through
+    the reader's linger (docs/behaviour.md)."""
+    from proton import symbol
+
+    address = unique("grouped-left")
+    router = router_url(grouped_config(address))
+    run_all(
+        Producer(
+            router.url,
+            address,
+            [
+                Message(body="A1", group_id="A", first_acquirer=True),
+                Message(body="B1", group_id="B", first_acquirer=True),
+            ],
+        )
+    )
+    first = _ModifyAndLeave(router.url, address, prefetch=1)
+    run_all(first)
+    assert [r.message.body for r in first.received] == ["A1"]
+    later = Consumer(router.url, address, count=2, prefetch=2)
+    run_all(later)
+    got = {r.message.body: r.message for r in later.received}
+    assert (got["A1"].delivery_count, got["A1"].annotations) == (1, {symbol("x-opt-retry-reason"): "timeout"})
+    assert (got["B1"].delivery_count, got["B1"].first_acquirer) == (0, True)
