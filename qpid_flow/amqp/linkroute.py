@@ -152,13 +152,28 @@ class _ProducerRoute:
 class _ConsumerRoute:
     """A client's consumer link and its upstream receiver: credit and outcomes pass through."""
 
-    __slots__ = ("client", "consumer", "delivered", "destination", "draining", "pending", "sent", "upstream")
+    __slots__ = (
+        "awaiting_broker",
+        "client",
+        "consumer",
+        "delivered",
+        "destination",
+        "draining",
+        "made_destination",
+        "pending",
+        "sent",
+        "upstream",
+    )
 
-    def __init__(self, client: Link, upstream: Link, destination: Destination | None) -> None:
+    def __init__(self, client: Link, upstream: Link, destination: Destination | None, made: bool = False) -> None:
         self.client = client
         self.upstream = upstream
         # Counted out of its depth when the client accepts or rejects (None: not a queue).
         self.destination = destination
+        # Until the broker answers the attach (BrokerRouter._awaiting_broker counts it), and
+        # whether this attach made the destination (one the broker refuses goes again).
+        self.awaiting_broker = destination is not None
+        self.made_destination = made
         # The link as plugins see it, once the broker accepted it (None: not a queue).
         self.consumer: Consumer | None = None
         # From the broker, waiting for the client's credit (RabbitMQ sends beyond credit).
@@ -271,6 +286,8 @@ class BrokerRouter(Router):
         if config.broker_dialect != "auto":
             self._dialect_found(dialect_for(config.broker_dialect))
         self.pairs: set[_Pair] = set()
+        # Destination address -> consumer attaches of it the broker has yet to answer.
+        self._awaiting_broker: dict[str, int] = {}
         # Grouped destination -> the terminus durability its consumers' sources ask for
         # (the broker accepted it for them): what qpid-flow's reader asks for too.
         self.reader_durability: dict[str, int] = {}
@@ -621,9 +638,11 @@ class BrokerRouter(Router):
         if source.address and not source.dynamic and self.refuse_unauthorized_link(link, "receive", source.address):
             return
         destination = None
+        made = False
         if source.address and not source.dynamic:
             node = self._node(source.address)
             if node.is_queue:
+                made = self.destinations.find(node.name) is None
                 destination = self.destinations.get(node.name)
         grouped = destination is not None and destination.dispatched_by_plugin
         if grouped and (refusal := self._outside_the_readers_vhost(link)) is not None:
@@ -632,7 +651,9 @@ class BrokerRouter(Router):
             return
         upstream = self._mirror(link, _PROBE if grouped else None)
         if not grouped:
-            link.qf_route = upstream.qf_route = _ConsumerRoute(link, upstream, destination)
+            link.qf_route = upstream.qf_route = _ConsumerRoute(link, upstream, destination, made)
+            if destination is not None:
+                self._awaiting_broker[destination.address] = self._awaiting_broker.get(destination.address, 0) + 1
 
     def _outside_the_readers_vhost(self, link: Link) -> str | None:
         """Why a grouped destination's consumer on ``link`` cannot be served, if it
@@ -719,6 +740,7 @@ class BrokerRouter(Router):
             route: _ConsumerRoute | None = kept(client, "qf_route")
             if route is None:
                 return  # the client went away while the broker was answering
+            self._broker_has_answered(route)
             if route.destination is not None:
                 route.consumer = Consumer(
                     route.destination.address,
@@ -944,7 +966,35 @@ class BrokerRouter(Router):
             link.condition = Condition("amqp:link:detach-forced", f"{why}: attach again")
             link.close()
 
+    def _broker_has_answered(self, route: _ConsumerRoute) -> None:
+        if not route.awaiting_broker or route.destination is None:
+            return
+        route.awaiting_broker = False
+        address = route.destination.address
+        left = self._awaiting_broker.get(address, 1) - 1
+        if left > 0:
+            self._awaiting_broker[address] = left
+        else:
+            self._awaiting_broker.pop(address, None)
+
     def _consumer_route_gone(self, route: _ConsumerRoute) -> None:
+        if route.awaiting_broker:
+            # Gone before the broker accepted it (refused: no such queue, not allowed; or
+            # the client left first). A destination this attach made, that nothing else
+            # uses or waits for, goes too: qpid-flow keeps no state for what the broker
+            # refused (its statistics listed queues the broker does not have, and the depth
+            # plugin asked the broker for each every 2 s until forgotten as idle).
+            self._broker_has_answered(route)
+            destination = route.destination
+            if (
+                route.made_destination
+                and destination is not None
+                and destination.unused
+                and destination.address not in self._awaiting_broker
+                and destination.address not in self.destinations.policies
+                and self.destinations.find(destination.address) is destination
+            ):
+                self.destinations.delete(destination)
         if route.consumer is not None and route.destination is not None:
             route.destination.mirrored.discard(route)
             route.consumer = None

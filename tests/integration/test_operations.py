@@ -30,6 +30,7 @@ from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.broker import Broker
 from .harness.net import free_port
 from .harness.router import RouterProcess, StartRouter, admin_request
+from .harness.scenario import Peer
 
 pytestmark = pytest.mark.integration
 
@@ -295,3 +296,27 @@ def test_connections_in_front_of_a_broker_name_their_upstream(qpid_flow_process:
         assert samples[("qpid_flow_upstream_connections", (("state", "open"),))] >= 2
     finally:
         client.close()
+
+
+def test_a_queue_the_broker_refuses_to_a_consumer_leaves_no_destination(
+    qpid_flow_process: StartRouter, rabbitmq: Broker
+) -> None:
+    """Consumers of `/amq/queue/<missing>`: RabbitMQ ends each one's session
+    (amqp:not-found). qpid-flow made a destination for each attach before the broker
+    answered and kept it for destination_idle_timeout: /v1/destinations listed queues the
+    broker does not have, and the depth plugin asked the broker for each every 2 s (1,000
+    of them: 23 % of a core, the admin endpoint answering in up to 0.7 s). A queue a
+    consumer reads stays listed."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(broker_url=rabbitmq.url, extra_args=["--admin", admin])
+    kept_name = unique("ops.kept")
+    missing = [unique("ops.missing") for _ in range(5)]
+    with Peer(router.url) as peer:
+        peer.receiver(kept_name, credit=1)
+        for name in missing:
+            peer.receiver(f"/amq/queue/{name}", credit=1, new_session=True)
+        peer.wait(lambda: len(peer.view.errors) >= len(missing))
+        assert peer.view.errors == [("session", "amqp:not-found")] * len(missing)
+        names = {d["name"] for d in json.loads(_get(admin, "/v1/destinations")[1])["destinations"]}
+        assert kept_name in names
+        assert names.isdisjoint(missing), sorted(names & set(missing))
