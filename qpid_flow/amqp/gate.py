@@ -653,7 +653,7 @@ class _Handshake:
         gate._on_pair(client, upstream_connection, broker, self.peer, self.user)
         if isinstance(gate._container, RelayContainer):
             # The broker's frames for this client wait in the broker while it reads slowly.
-            gate._container.pace(client, upstream_connection)
+            client.qf_unwritten = gate._container.pace(client, upstream_connection)
 
     # --- ending ---------------------------------------------------------------------------
 

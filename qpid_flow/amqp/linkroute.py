@@ -53,6 +53,7 @@ from qpid_flow.amqp.endpoints import (
 )
 from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, relay_state, remote_settlement
+from qpid_flow.amqp.reactor import Unwritten
 from qpid_flow.amqp.router import (
     ANONYMOUS_RELAY,
     Router,
@@ -162,6 +163,7 @@ class _ConsumerRoute:
         "made_destination",
         "pending",
         "sent",
+        "unwritten",
         "upstream",
     )
 
@@ -174,6 +176,8 @@ class _ConsumerRoute:
         # whether this attach made the destination (one the broker refuses goes again).
         self.awaiting_broker = destination is not None
         self.made_destination = made
+        # What the client's socket has yet to take (reactor.Unwritten; None: not paced).
+        self.unwritten: Unwritten | None = kept(client.connection, "qf_unwritten")
         # The link as plugins see it, once the broker accepted it (None: not a queue).
         self.consumer: Consumer | None = None
         # From the broker, waiting for the client's credit (RabbitMQ sends beyond credit).
@@ -1323,6 +1327,8 @@ class BrokerRouter(Router):
                 route.destination.delivered_total += 1
             delivery = new_delivery(client, next(self._tags))
             send_transfer(client, data)
+            if route.unwritten is not None:
+                route.unwritten.bytes += len(data)
             message = self._observe_delivery(route, data) if observed else None
             if upstream.settled:
                 delivery.settle()  # the broker sent it settled: at-most-once, end to end

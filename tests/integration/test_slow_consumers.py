@@ -24,8 +24,10 @@ from .harness.router import admin_request
 
 pytestmark = pytest.mark.integration
 
-COUNT = 300
-SIZE = 256 * 1024  # 300 x 256 KiB: 75 MiB asked for at once
+# Each asks for 75 MiB, then more, at once: messages smaller than the pacing's 1 MiB mark,
+# and larger (a 4 MiB one is framed into Proton's output at once, all of it: its stalled
+# consumer was handed all 40 before pacing saw any backlog, 518 MB resident).
+SIZES = [(300, 256 * 1024), (40, 4 * 1024 * 1024)]
 
 
 def delivered_to(admin: str, container: str) -> int:
@@ -41,8 +43,9 @@ def delivered_to(admin: str, container: str) -> int:
 class _Taken:
     """The messages a hand-pumped receiver has read off its link, in arrival order."""
 
-    def __init__(self, receiver: object) -> None:
+    def __init__(self, receiver: object, count: int) -> None:
         self.receiver = receiver
+        self.count = count
         self.messages: list[Message] = []
 
     def __call__(self) -> bool:
@@ -57,14 +60,17 @@ class _Taken:
             delivery.update(delivery.ACCEPTED)
             delivery.settle()
             receiver.advance()  # type: ignore[attr-defined]
-        return len(self.messages) >= COUNT
+        return len(self.messages) >= self.count
 
 
-def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(rabbitmq, qpid_flow_process) -> None:
+@pytest.mark.parametrize(("count", "size"), SIZES, ids=["256KiB", "4MiB"])
+def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(
+    rabbitmq, qpid_flow_process, count: int, size: int
+) -> None:
     admin = f"127.0.0.1:{free_port()}"
     router = qpid_flow_process(broker_url=rabbitmq.url, extra_args=["--admin", admin])
     address = unique_address("stalled")
-    send_messages(rabbitmq.url, address, numbered_messages(COUNT, size=SIZE), timeout=120)
+    send_messages(rabbitmq.url, address, numbered_messages(count, size=size), timeout=120)
 
     before = router.resident_bytes()
     client = RawClient(urlsplit(router.url).port or 5672, receive_buffer=4096)
@@ -80,7 +86,7 @@ def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(rabbitmq
         receiver = session.receiver("stalled")
         receiver.source.address = address
         receiver.open()
-        receiver.flow(COUNT)
+        receiver.flow(count)
         assert client.pump(lambda: receiver.state & Endpoint.REMOTE_ACTIVE), "the consumer was not attached"
         # From here the consumer reads nothing: qpid-flow's writes to it fill its socket.
         # Watched for 6 s. Without pacing, qpid-flow took all 300 off the broker within 2-3 s
@@ -92,7 +98,7 @@ def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(rabbitmq
             peak = max(peak, router.resident_bytes())
             time.sleep(0.2)
         sent = delivered_to(admin, "stalled-consumer")
-        assert sent < COUNT // 3, f"qpid-flow sent {sent} of {COUNT} messages to a consumer that reads nothing"
+        assert sent < count // 3, f"qpid-flow sent {sent} of {count} messages to a consumer that reads nothing"
         # The allocator keeps some of what passed through (30-40 MiB seen): not the backlog.
         assert peak - before < 100 * 2**20, f"qpid-flow grew by {(peak - before) / 2**20:.0f} MiB"
 
@@ -102,8 +108,8 @@ def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(rabbitmq
         assert [m.body["seq"] for m in receive_messages(router.url, other, 3, timeout=30)] == [0, 1, 2]
 
         # Reading again, the consumer gets every message it asked for, in order.
-        taken = _Taken(receiver)
-        assert client.pump(taken, timeout=120), f"only {len(taken.messages)} of {COUNT} arrived"
-        assert [m.body["seq"] for m in taken.messages] == list(range(COUNT))
+        taken = _Taken(receiver, count)
+        assert client.pump(taken, timeout=120), f"only {len(taken.messages)} of {count} arrived"
+        assert [m.body["seq"] for m in taken.messages] == list(range(count))
     finally:
         client.close()
