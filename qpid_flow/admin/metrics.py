@@ -252,8 +252,8 @@ ROUTER_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "qpid_flow_memory_bytes",
         "gauge",
-        "Bytes of messages qpid-flow holds, counted against memory_limit (transfers held unforwarded are not:"
-        " admitting one moves its bytes).",
+        "Bytes of messages qpid-flow holds (each its encoded size plus 512), counted against memory_limit "
+        "(transfers held unforwarded are not: admitting one moves its bytes).",
     ),
     MetricSpec("qpid_flow_memory_limit_bytes", "gauge", "memory_limit (0: none)."),
     MetricSpec(

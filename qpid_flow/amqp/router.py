@@ -963,8 +963,21 @@ class Router(Handler):
                 txn.undecided -= 1
                 self.coordinator.try_commit(txn)
         elif isinstance(decision, Hold):
+            memory = self.memory
+            if memory.limit and memory.waiting + memory.charge(message.size) > memory.limit:
+                # Held transfers (sent on credit given before, which cannot be taken back)
+                # stop at memory_limit too: past it they are refused, so that the router
+                # holds at most twice the limit. (50 producers of 1 MiB messages on the
+                # full window of a first grant held 6 GB under a 50 MB limit.)
+                refusal = Reject(
+                    f"memory_limit ({memory.limit} bytes) is reached, and the transfers held until it "
+                    "frees fill as much again",
+                    RESOURCE_LIMIT,
+                )
+                self._apply_decision(refusal, destination, message)
+                return
             self._held.setdefault(destination.address, []).append(message)
-            self.memory.hold(message.size)
+            memory.hold(message.size)
         else:
             # The hook caller lets nothing else through; whatever this is, the transfer gets
             # an outcome rather than vanishing unsettled.
@@ -1202,7 +1215,9 @@ class Router(Handler):
         its delayed settlements have no one to go to."""
         for address, messages in list(self._held.items()):
             kept = [m for m in messages if m.producer_id != producer.id]
-            self.memory.unhold(sum(m.size for m in messages) - sum(m.size for m in kept))
+            self.memory.unhold(
+                sum(m.size for m in messages) - sum(m.size for m in kept), messages=len(messages) - len(kept)
+            )
             for message in messages:
                 if message.producer_id == producer.id:
                     self._undecided_for_good(message, "a producer left before flow control admitted its transfer")

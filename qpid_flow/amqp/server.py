@@ -32,7 +32,7 @@ from qpid_flow.amqp.timers import Call
 from qpid_flow.amqp.upstream import GroupReader
 from qpid_flow.config import RouterConfig, declared_settings
 from qpid_flow.core.backend import Backend
-from qpid_flow.core.memory import MemoryMeter
+from qpid_flow.core.memory import MESSAGE_OVERHEAD, MemoryMeter
 from qpid_flow.core.registry import Destinations
 from qpid_flow.core.standalone import StandaloneBackend
 from qpid_flow.plugin.control import RouterControl
@@ -74,7 +74,7 @@ class Server(Handler):
         # implements costs nothing.
         self.hooks = Hooks(plugins)
         self.container = RelayContainer(container_id=f"qpid-flow-{socket.gethostname()}-{os.getpid()}")
-        self.memory = MemoryMeter(config.memory_limit)
+        self.memory = MemoryMeter(config.memory_limit, per_message=MESSAGE_OVERHEAD)
         self.destinations = Destinations(config, self.hooks, self.memory)
         self.router: Router
         self.group_reader: GroupReader | None = None

@@ -428,9 +428,9 @@ class Destination:
             self.bytes = max(0, self.bytes + delta)
         if self._memory is not None:
             if delta > 0:
-                self._memory.add(delta)
+                self._memory.add(delta, messages=0)
             else:
-                self._memory.sub(-delta)
+                self._memory.sub(-delta, messages=0)
 
     def count_settled(self, outcome: Outcome) -> None:
         """Count a consumer's outcome (also called for consumers mirrored to a broker)."""
@@ -584,7 +584,7 @@ class Destination:
                     gone.append(message)
         gone.extend(self.queue.remove_where(predicate))
         if self._memory is not None:
-            self._memory.sub(sum(m.size for m in gone))
+            self._memory.sub(sum(m.size for m in gone), messages=len(gone))
         return len(gone)
 
     # --- reading --------------------------------------------------------------------------

@@ -20,6 +20,8 @@ import pytest
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
+from qpid_flow.core.memory import MESSAGE_OVERHEAD
+
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.net import free_port
 from .harness.router import ADMIN_TOKEN_VARIABLE, admin_request
@@ -479,7 +481,8 @@ def test_memory_limit_stops_all_producer_credit(qpid_flow_process) -> None:
     # The first windows (2 x 10, no size seen yet) reach past 20 KB; what they carry past
     # the limit waits: the transfer that reaches it is the last admitted. (The credit out
     # used to be admitted whatever the limit: up to 41 here.)
-    encoded = len(make_message("p0", 50, size=1024).encode())  # 1 KB of body: 1,091 bytes
+    # Each counts its encoded bytes and what holding it costs qpid-flow.
+    encoded = len(make_message("p0", 50, size=1024).encode()) + MESSAGE_OVERHEAD  # 1 KB of body: 1,091 bytes
     assert accepted == -(-20 * 1024 // encoded), accepted
     consumers = [Consumer(router.url, f"mem-{k}", count=100, prefetch=10, timeout=60) for k in range(2)]
     run_all(*consumers)
@@ -487,6 +490,40 @@ def test_memory_limit_stops_all_producer_credit(qpid_flow_process) -> None:
         t.join(30)
     assert all(Counter(p.outcomes.values()) == {"accepted": 100} for p in producers)
     assert all(len(c.received) == 100 for c in consumers)
+
+
+def test_transfers_held_past_memory_limit_stop_at_memory_limit_too(qpid_flow_process) -> None:
+    """Credit given before the limit cannot be taken back, and what a producer sends on it
+    past the limit waits: 50 producers of 1 MiB messages on a first grant's full window
+    held 6 GB under a 50 MB limit. Held transfers now stop at the limit as well: past it
+    they are refused, so the router holds at most twice memory_limit; the held ones go in
+    as memory frees, and nothing is lost."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = Router(
+        qpid_flow_process(
+            config_text='memory_limit = "20 KB"\nproducer_window = 100\ndefault_max_size = 0\n',
+            extra_args=["--admin", admin],
+        ),
+        admin,
+    )
+    name = unique("mem-ceiling")
+    producer = Producer(router.url, name, [make_message("p", i, size=1024) for i in range(100)], timeout=60)
+    threads = start(producer)
+    wait_until(lambda: len(producer.outcomes) >= 50 and router.stat_if_any(name).get("transfersHeld", 0) > 0)
+    encoded = len(make_message("p", 50, size=1024).encode()) + MESSAGE_OVERHEAD
+    held = router.stat(name)["transfersHeld"]
+    assert held <= 20 * 1024 // encoded, held
+    refused = {i for i, outcome in producer.outcomes.items() if outcome == "rejected"}
+    assert refused and {producer.conditions[i] for i in refused} == {"amqp:resource-limit-exceeded"}
+    consumer = Consumer(router.url, name, count=100 - len(refused), prefetch=10, timeout=60)
+    run_all(consumer)
+    for t in threads:
+        t.join(30)
+    outcomes = Counter(producer.outcomes.values())
+    assert outcomes == {"accepted": 100 - len(refused), "rejected": len(refused)}, outcomes
+    assert router.stat(name)["refused"] == len(refused)
+    delivered = sorted(r.message.properties["index"] for r in consumer.received)
+    assert delivered == sorted(set(range(100)) - refused)
 
 
 def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabbitmq, qpid_flow_process) -> None:

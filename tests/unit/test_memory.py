@@ -27,3 +27,23 @@ def test_no_limit_is_never_over() -> None:
     meter = MemoryMeter()
     meter.add(10**12)
     assert not meter.over
+
+
+def test_each_message_counts_for_its_bytes_and_what_holding_it_costs() -> None:
+    """10-byte messages under a 50 MB limit filled 794 MB resident: counted by their bytes
+    alone, a message's own record (about 350 bytes) went uncounted. The router's meter
+    counts MESSAGE_OVERHEAD more for each (ActiveMQ counts each at 1 KiB at least)."""
+    from qpid_flow.core.memory import MESSAGE_OVERHEAD
+
+    meter = MemoryMeter(limit=10 * (23 + MESSAGE_OVERHEAD), per_message=MESSAGE_OVERHEAD)
+    for _ in range(9):
+        meter.add(23)
+    assert not meter.over
+    meter.add(23)
+    assert meter.over and meter.held == meter.charge(230, messages=10)
+    meter.hold(23)
+    assert meter.waiting == 23 + MESSAGE_OVERHEAD
+    meter.unhold(23)
+    meter.sub(230, messages=10)
+    meter.add(5, messages=0)  # a message held already grew: no second record
+    assert (meter.held, meter.waiting) == (5, 0)

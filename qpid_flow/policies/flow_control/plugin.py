@@ -329,7 +329,7 @@ class Plugin:
         message_size = (destination.largest_message if destination is not None else 0) or self._largest_seen
         if not need or not message_size:
             return need
-        fits = -(-room // message_size)
+        fits = -(-room // control.memory.charge(message_size))
         # Each named-target link's share of the room (anonymous-relay links belong to no
         # destination: not counted), its own credit in it. Not the room less all the credit
         # out: a link that got a window and never sends kept every other at 0 for good,
