@@ -29,12 +29,14 @@ class RouterControl:
     over with :meth:`call_from_thread` run), except :meth:`call_from_thread`: the one method
     another thread may call.
 
-    :ivar memory: the bytes of message data qpid-flow holds, against ``memory_limit``
+    :ivar memory: the bytes of messages qpid-flow holds (each its encoded size plus
+        ``memory.per_message``: what holding it costs), against ``memory_limit``
         (:class:`~qpid_flow.core.memory.MemoryMeter`): read ``memory.over`` (True while
         the bytes in use are at the limit: the built-in flow control then gives no producer
         credit), ``memory.held`` (every byte), ``memory.waiting`` (those of transfers held
         unforwarded, which are not in use: admitting one moves its bytes),
-        ``memory.in_use`` and ``memory.limit`` (0: no limit); ``memory.when_below(callback)``
+        ``memory.in_use``, ``memory.limit`` (0: no limit) and ``memory.charge(size)``
+        (what a message of ``size`` bytes counts for); ``memory.when_below(callback)``
         calls ``callback`` each time the bytes in use fall back below the limit (the
         built-in flow control resumes producers that way).
     :ivar hooks: every hook, as the router calls them (:class:`~qpid_flow.plugin.manager.Hooks`:
