@@ -160,22 +160,19 @@ class _ConsumerRoute:
         "delivered",
         "destination",
         "draining",
-        "made_destination",
         "pending",
         "sent",
         "unwritten",
         "upstream",
     )
 
-    def __init__(self, client: Link, upstream: Link, destination: Destination | None, made: bool = False) -> None:
+    def __init__(self, client: Link, upstream: Link, destination: Destination | None) -> None:
         self.client = client
         self.upstream = upstream
         # Counted out of its depth when the client accepts or rejects (None: not a queue).
         self.destination = destination
-        # Until the broker answers the attach (BrokerRouter._awaiting_broker counts it), and
-        # whether this attach made the destination (one the broker refuses goes again).
+        # Until the broker answers the attach (BrokerRouter._awaiting_broker counts it).
         self.awaiting_broker = destination is not None
-        self.made_destination = made
         # What the client's socket has yet to take (reactor.Unwritten; None: not paced).
         self.unwritten: Unwritten | None = kept(client.connection, "qf_unwritten")
         # The link as plugins see it, once the broker accepted it (None: not a queue).
@@ -292,6 +289,9 @@ class BrokerRouter(Router):
         self.pairs: set[_Pair] = set()
         # Destination address -> consumer attaches of it the broker has yet to answer.
         self._awaiting_broker: dict[str, int] = {}
+        # Of those, the addresses whose destination such an attach made: it goes if the
+        # broker refuses every one of them (qpid-flow keeps nothing for what it refused).
+        self._made_for_attach: set[str] = set()
         # Grouped destination -> the terminus durability its consumers' sources ask for
         # (the broker accepted it for them): what qpid-flow's reader asks for too.
         self.reader_durability: dict[str, int] = {}
@@ -655,9 +655,11 @@ class BrokerRouter(Router):
             return
         upstream = self._mirror(link, _PROBE if grouped else None)
         if not grouped:
-            link.qf_route = upstream.qf_route = _ConsumerRoute(link, upstream, destination, made)
+            link.qf_route = upstream.qf_route = _ConsumerRoute(link, upstream, destination)
             if destination is not None:
                 self._awaiting_broker[destination.address] = self._awaiting_broker.get(destination.address, 0) + 1
+                if made:
+                    self._made_for_attach.add(destination.address)
 
     def _outside_the_readers_vhost(self, link: Link) -> str | None:
         """Why a grouped destination's consumer on ``link`` cannot be served, if it
@@ -958,6 +960,10 @@ class BrokerRouter(Router):
         address = destination.address
         links = [link for consumer, link in self._consumers.values() if consumer.address == address]
         if not links:
+            # No consumer left, but the reader may still hold what it fetched (it waits for
+            # the next consumer while the reader lingers): released now, in order, for the
+            # consumers that read the broker's queue from now on.
+            self.backend.consumer_detached(destination)
             return
         for link in links:
             self._link_gone(link)
@@ -970,31 +976,37 @@ class BrokerRouter(Router):
             link.condition = Condition("amqp:link:detach-forced", f"{why}: attach again")
             link.close()
 
-    def _broker_has_answered(self, route: _ConsumerRoute) -> None:
+    def _broker_has_answered(self, route: _ConsumerRoute, accepted: bool = True) -> bool:
+        """The broker answered ``route``'s attach (or the route went first); whether it was
+        the last attach of its destination waiting, and one of them made the destination."""
         if not route.awaiting_broker or route.destination is None:
-            return
+            return False
         route.awaiting_broker = False
         address = route.destination.address
+        if accepted:
+            self._made_for_attach.discard(address)  # the broker has the queue
         left = self._awaiting_broker.get(address, 1) - 1
         if left > 0:
             self._awaiting_broker[address] = left
-        else:
-            self._awaiting_broker.pop(address, None)
+            return False
+        self._awaiting_broker.pop(address, None)
+        if address in self._made_for_attach:
+            self._made_for_attach.discard(address)
+            return True
+        return False
 
     def _consumer_route_gone(self, route: _ConsumerRoute) -> None:
         if route.awaiting_broker:
             # Gone before the broker accepted it (refused: no such queue, not allowed; or
-            # the client left first). A destination this attach made, that nothing else
-            # uses or waits for, goes too: qpid-flow keeps no state for what the broker
-            # refused (its statistics listed queues the broker does not have, and the depth
-            # plugin asked the broker for each every 2 s until forgotten as idle).
-            self._broker_has_answered(route)
+            # the client left first). A destination made for such attaches, that nothing
+            # else uses, goes when the last of them does: qpid-flow keeps no state for what
+            # the broker refused (its statistics listed queues the broker does not have, and
+            # the depth plugin asked the broker for each every 2 s until forgotten as idle).
             destination = route.destination
             if (
-                route.made_destination
+                self._broker_has_answered(route, accepted=False)
                 and destination is not None
                 and destination.unused
-                and destination.address not in self._awaiting_broker
                 and destination.address not in self.destinations.policies
                 and self.destinations.find(destination.address) is destination
             ):
@@ -1007,8 +1019,14 @@ class BrokerRouter(Router):
         # Unsettled upstream: the broker gets them back when the link's session ends.
         # Counted released, and told to plugins (the event log's settle, consumer null)
         # as a queue tells them.
-        for _delivery, _upstream, message in route.sent.values():
+        unframed = 0
+        for delivery, _upstream, message in route.sent.values():
+            unframed += max(delivery.pending, 0)  # never framed now (see reactor.Unwritten.stuck)
             self._counted_out(route, message, _RELEASED)
+        if unframed and route.unwritten is not None:
+            unwritten = route.unwritten
+            unwritten.stuck += unframed
+            unwritten.bytes = unwritten.bytes - unframed if unwritten.bytes > unframed else 0
         route.sent.clear()
         self._release_pending(route)
 

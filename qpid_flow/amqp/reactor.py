@@ -108,26 +108,36 @@ class Unwritten:
     measure below alone, a stalled client was handed all 40 messages of 4 MiB it had
     credit for (518 MB resident), its upstream never paused. The router adds what it hands
     over; each write to the client's socket takes off what it wrote (frame headers and
-    other frames included, so the count errs low by a few bytes a frame)."""
+    other frames included, so the count errs low by a few bytes a frame).
 
-    __slots__ = ("bytes",)
+    ``stuck``: bytes of deliveries whose link went before they were framed (taken off
+    ``bytes`` too). Proton never frames them and never takes them out of its session's
+    outgoing bytes: one detached link with 1.2 MB unsent kept a client's every other link
+    waiting for good."""
+
+    __slots__ = ("bytes", "stuck")
 
     def __init__(self) -> None:
         self.bytes = 0
+        self.stuck = 0
+
+
+_OPEN = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE  # pn_session_head: open both ways, exactly
 
 
 def client_backlog(connection: Any) -> int:
     """The bytes waiting for ``connection``'s socket (a C pointer): its transport's output
-    and what its sessions hold that the transport has not framed yet (Proton frames no
-    more than the peer's largest frame at a time)."""
+    and what its open sessions hold that the transport has not framed yet (Proton frames
+    no more than the peer's largest frame at a time). An ended session's are never
+    written."""
     transport = pn_connection_transport(connection)
     if transport == _NULL:
         return 0
     backlog = max(pn_transport_pending(transport), 0)
-    session = pn_session_head(connection, 0)
+    session = pn_session_head(connection, _OPEN)
     while session != _NULL:
         backlog += pn_session_outgoing_bytes(session)
-        session = pn_session_next(session, 0)
+        session = pn_session_next(session, _OPEN)
     return backlog
 
 
@@ -194,7 +204,13 @@ class BatchingIOHandler(IOHandler):
     def _backlog(self, client: Any) -> int:
         unwritten = self._unwritten.get(client)
         backlog = client_backlog(client)
-        return backlog if unwritten is None or unwritten.bytes < backlog else unwritten.bytes
+        if unwritten is None:
+            return backlog
+        if unwritten.stuck:
+            # Never more stuck than there is: a session freed took its bytes along.
+            unwritten.stuck = min(unwritten.stuck, backlog)
+            backlog -= unwritten.stuck
+        return backlog if unwritten.bytes < backlog else unwritten.bytes
 
     def forget(self, connection: Any) -> None:
         """``connection`` (C pointer) is unbound or freed: its pacing ends (its pointer may

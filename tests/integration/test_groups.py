@@ -560,3 +560,40 @@ def test_what_the_last_consumer_left_waits_for_the_next_as_it_was_left(router_ur
     got = {r.message.body: r.message for r in later.received}
     assert (got["A1"].delivery_count, got["A1"].annotations) == (1, {symbol("x-opt-retry-reason"): "timeout"})
     assert (got["B1"].delivery_count, got["B1"].first_acquirer) == (0, True)
+
+
+def test_groups_turned_off_while_the_reader_lingers_release_what_it_fetched_at_once(router_url) -> None:
+    """The last consumer of a grouped destination left (what the reader fetched waits for
+    the next through the reader's linger), then an operator turns shared_groups off: the
+    next consumer reads the broker's queue directly. It got nothing for 9.5 s, then the
+    messages out of order: the fetched ones waited for the linger, unsettled, out of its
+    sight. They go back to the broker at once, in order."""
+    from proton.utils import BlockingConnection
+
+    address = unique("grouped-off")
+    admin = f"127.0.0.1:{free_port()}"
+    router = router_url(grouped_config(address), extra_args=("--admin", admin))
+    bodies = [f"{'AB'[i % 2]}{i}" for i in range(6)]
+    run_all(Producer(router.url, address, [Message(body=b, group_id=b[0]) for b in bodies]))
+    # It takes A0 and leaves; one more may reach it first: never settled, it goes back.
+    first = Consumer(router.url, address, count=1, prefetch=1, decide=lambda m: "accept" if m.body == "A0" else "hold")
+    run_all(first)
+    assert [r.message.body for r in first.received][:1] == ["A0"]
+    left = bodies[1:]
+    time.sleep(0.5)  # the consumer's detach reached qpid-flow: the reader lingers
+    change = admin_request(admin, f"/v1/destinations/{address}")
+    change.method = "PUT"
+    change.data = json.dumps({"max_count": 0, "max_size": 0}).encode()
+    change.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(change, timeout=10) as response:
+        assert response.status == 200
+    connection = BlockingConnection(router.url, timeout=15)
+    try:
+        receiver = connection.create_receiver(address, credit=10)
+        got = []
+        for _ in left:
+            got.append(receiver.receive(timeout=3).body)  # well within the 10 s linger
+            receiver.accept()
+    finally:
+        connection.close()
+    assert got == left

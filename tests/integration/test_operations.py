@@ -7,6 +7,7 @@ The flow-control numbers are seed 000's: max 1000, stop at 900, resume at 500.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import subprocess
 import sys
@@ -311,12 +312,19 @@ def test_a_queue_the_broker_refuses_to_a_consumer_leaves_no_destination(
     router = qpid_flow_process(broker_url=rabbitmq.url, extra_args=["--admin", admin])
     kept_name = unique("ops.kept")
     missing = [unique("ops.missing") for _ in range(5)]
-    with Peer(router.url) as peer:
+    # Two clients ask for each at once: neither attach may keep it for the other.
+    with Peer(router.url) as peer, Peer(router.url) as other:
         peer.receiver(kept_name, credit=1)
         for name in missing:
             peer.receiver(f"/amq/queue/{name}", credit=1, new_session=True)
-        peer.wait(lambda: len(peer.view.errors) >= len(missing))
-        assert peer.view.errors == [("session", "amqp:not-found")] * len(missing)
+            other.receiver(f"/amq/queue/{name}", credit=1, new_session=True)
+
+        def refused_all(client: Peer) -> bool:
+            return len(client.view.errors) >= len(missing)
+
+        for client in (peer, other):
+            client.wait(functools.partial(refused_all, client))
+            assert client.view.errors == [("session", "amqp:not-found")] * len(missing)
         names = {d["name"] for d in json.loads(_get(admin, "/v1/destinations")[1])["destinations"]}
         assert kept_name in names
         assert names.isdisjoint(missing), sorted(names & set(missing))

@@ -57,9 +57,11 @@ class _Taken:
             message = Message()
             message.decode(receiver.recv(delivery.pending))  # type: ignore[attr-defined]
             self.messages.append(message)
+            # On to the next first: settling the current delivery advances the link too,
+            # and an advance after it skipped a delivery that had already arrived.
+            receiver.advance()  # type: ignore[attr-defined]
             delivery.update(delivery.ACCEPTED)
             delivery.settle()
-            receiver.advance()  # type: ignore[attr-defined]
         return len(self.messages) >= self.count
 
 
@@ -111,5 +113,42 @@ def test_a_consumer_that_stops_reading_leaves_its_backlog_in_the_broker(
         taken = _Taken(receiver, count)
         assert client.pump(taken, timeout=120), f"only {len(taken.messages)} of {count} arrived"
         assert [m.body["seq"] for m in taken.messages] == list(range(count))
+    finally:
+        client.close()
+
+
+def test_a_link_gone_with_messages_unsent_holds_up_no_other_link_of_its_connection(rabbitmq, qpid_flow_process) -> None:
+    """A consumer link whose session's window closed (its client stopped reading that
+    session) leaves with messages handed to it that were never framed. Proton keeps their
+    bytes in the session's outgoing count for good, and pacing read them as the client's
+    backlog: the client's other links got nothing more (70 s seen), where directly they get
+    theirs at once."""
+    router = qpid_flow_process(broker_url=rabbitmq.url)
+    stuck, other = unique_address("stuck"), unique_address("other")
+    send_messages(rabbitmq.url, stuck, numbered_messages(12, size=256 * 1024), timeout=60)
+    client = RawClient(urlsplit(router.url).port or 5672)
+    try:
+        client.transport.max_frame_size = 16384
+        connection = client.connection
+        connection.open()
+        session_a = connection.session()
+        session_a.incoming_capacity = 65536  # nothing read from it: its window closes
+        session_a.open()
+        a = session_a.receiver("stuck")
+        a.source.address = stuck
+        a.open()
+        a.flow(10)
+        session_b = connection.session()
+        session_b.open()
+        b = session_b.receiver("other")
+        b.source.address = other
+        b.open()
+        b.flow(10)
+        client.pump(lambda: False, timeout=3)
+        a.close()
+        client.pump(lambda: False, timeout=1)
+        send_messages(rabbitmq.url, other, numbered_messages(3), timeout=30)
+        taken = _Taken(b, 3)
+        assert client.pump(taken, timeout=15), f"{len(taken.messages)} of 3 reached the client's other link"
     finally:
         client.close()
