@@ -963,21 +963,15 @@ class Router(Handler):
                 txn.undecided -= 1
                 self.coordinator.try_commit(txn)
         elif isinstance(decision, Hold):
-            memory = self.memory
-            if memory.limit and memory.waiting + memory.charge(message.size) > memory.limit:
+            if self.memory.holds_too_much(message.size):
                 # Held transfers (sent on credit given before, which cannot be taken back)
-                # stop at memory_limit too: past it they are refused, so that the router
-                # holds at most twice the limit. (50 producers of 1 MiB messages on the
-                # full window of a first grant held 6 GB under a 50 MB limit.)
-                refusal = Reject(
-                    f"memory_limit ({memory.limit} bytes) is reached, and the transfers held until it "
-                    "frees fill as much again",
-                    RESOURCE_LIMIT,
-                )
-                self._apply_decision(refusal, destination, message)
+                # stop at memory_limit too, whoever holds them: past it they are refused.
+                # (50 producers of 1 MiB messages on the full window of a first grant held
+                # 6 GB under a 50 MB limit.)
+                self._apply_decision(Reject(self.memory.held_past_limit(), RESOURCE_LIMIT), destination, message)
                 return
             self._held.setdefault(destination.address, []).append(message)
-            memory.hold(message.size)
+            self.memory.hold(message.size)
         else:
             # The hook caller lets nothing else through; whatever this is, the transfer gets
             # an outcome rather than vanishing unsettled.

@@ -56,6 +56,15 @@ class MemoryMeter:
         """What ``messages`` messages of ``size`` bytes in all count for."""
         return size + messages * self.per_message
 
+    def holds_too_much(self, size: int) -> bool:
+        """Whether holding one more transfer of ``size`` bytes unforwarded would take the
+        held ones past the limit (the router then refuses it)."""
+        return bool(self.limit) and self.waiting + size + self.per_message > self.limit
+
+    def held_past_limit(self) -> str:
+        """The description a transfer refused by :meth:`holds_too_much` is rejected with."""
+        return f"the transfers held unforwarded would pass memory_limit ({self.limit} bytes)"
+
     def add(self, size: int, messages: int = 1) -> None:
         """``messages`` messages (``size`` bytes in all) are held; 0 messages: a message
         held already changed size."""

@@ -314,7 +314,10 @@ def qpid_flow_transfer_arrived(producer: Producer, message: Message, destination
       held). A transfer that arrives while others to its address are held joins the end
       of that line whatever the answer (short of ``Reject``), so that no transfer
       overtakes one held before it. A held transfer whose producer went away is dropped.
-      A pre-settled transfer cannot be held back from its producer this way;
+      A pre-settled transfer cannot be held back from its producer this way. Held
+      transfers are bounded by ``memory_limit``: one that would take them past it is not
+      held but rejected (``amqp:resource-limit-exceeded``, "the transfers held
+      unforwarded would pass memory_limit");
     - :class:`~qpid_flow.core.model.Reject` (``Reject(description,
       condition="amqp:resource-limit-exceeded")``): settle it ``rejected`` with that
       error condition, forwarding nothing.

@@ -194,7 +194,7 @@ def test_the_links_view_marks_blocked_the_producers_the_destination_counts_block
     """``producersBlocked`` counts an anonymous-relay producer whose settlement waits and a
     named one whose transfers are held unforwarded; ``qpid-flow stat links`` showed both
     unblocked (only "no credit" counted there), so the two views disagreed."""
-    router = standalone('memory_limit = "8 KB"\n[destinations."held"]\nflow_stop_count = 1\nflow_resume_count = 1\n')
+    router = standalone('memory_limit = "16 KB"\n[destinations."held"]\nflow_stop_count = 1\nflow_resume_count = 1\n')
     client = clients(router.url)
     relay = client.sender(client.connect(), None)
     for n in range(3):

@@ -295,3 +295,33 @@ def test_the_producers_sharing_the_memory_room_are_counted_out_whatever_became_o
     lone = attach(registry, "work")
     hooks.producer_attached(producer=lone, destination=existing(registry, "work"))
     assert hooks.producer_credit(producer=lone, destination=existing(registry, "work")) == 52  # all of 51,200 bytes
+
+
+def test_anonymous_relay_links_share_the_memory_room_too() -> None:
+    """5,240 bytes of room with 1,000-byte messages (6 fit): a named link and a relay link
+    get 3 each. Left out of the sharing, each of 20 relay links got the whole room, and 20
+    times memory_limit went in."""
+    hooks, registry, _control, _ = flow_rig({}, limit=10240)
+    fill(registry, "a", 5, size=1000)
+    named, relay = attach(registry, "a"), attach(registry, None)
+    for producer in (named, relay):
+        hooks.producer_attached(producer=producer, destination=registry.find(producer.address or ""))
+    assert hooks.producer_credit(producer=relay, destination=None) == 3
+    assert hooks.producer_credit(producer=named, destination=existing(registry, "a")) == 3
+
+
+def test_a_reject_after_transfer_refused_for_memory_leaves_no_clock_behind() -> None:
+    """Past memory_limit's bound on held transfers, a reject_after transfer is refused at
+    once. Its clock was set first, and the router's refusal left it there for good (+11 MiB
+    per 100,000 refused)."""
+    hooks, registry, control, flow = flow_rig(
+        {"destinations": {"r": {"reject_after": "5s", "flow_stop_count": 1, "flow_resume_count": 1}}}, limit=2000
+    )
+    producer = attach(registry, "r")
+    destination = existing(registry, "r")
+    fill(registry, "r", 2, size=10)  # past the stop: full
+    hooks.depth_changed(destination=destination)
+    control.memory.hold(1500)  # what other held transfers take already
+    answer = hooks.transfer_arrived(producer=producer, message=Message(b"x" * 1000, "r"), destination=destination)
+    assert isinstance(answer, Reject) and "memory_limit" in answer.description
+    assert flow._entry(destination).deadlines == {}

@@ -105,7 +105,9 @@ class Plugin:
         self._wake_all_pending = False
         self._largest_seen = 0  # router-wide: the size to assume where a destination saw none
         self._memory_starved = False  # a grant was cut short by the memory limit
-        self._named_producers = 0  # producer links with a destination: they share the memory room
+        # Producer links, named-target and anonymous-relay: they share the memory room.
+        self._named_producers = 0
+        self._relay_producers = 0
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -215,6 +217,8 @@ class Plugin:
     def qpid_flow_producer_attached(self, producer: Producer) -> None:
         if producer.address is not None:
             self._named_producers += 1
+        else:
+            self._relay_producers += 1
 
     @hookimpl
     def qpid_flow_producer_detached(self, producer: Producer, destination: Destination | None) -> None:
@@ -222,6 +226,8 @@ class Plugin:
         # target whose link went) left the count raised for good, every share smaller.
         if producer.address is not None:
             self._named_producers = max(0, self._named_producers - 1)
+        else:
+            self._relay_producers = max(0, self._relay_producers - 1)
         # The credit it held is free again: whoever went short may have it.
         if self._memory_starved:
             self._wake_soon(None)
@@ -330,12 +336,13 @@ class Plugin:
         if not need or not message_size:
             return need
         fits = -(-room // control.memory.charge(message_size))
-        # Each named-target link's share of the room (anonymous-relay links belong to no
-        # destination: not counted), its own credit in it. Not the room less all the credit
+        # Each producer link's share of the room, anonymous-relay links included (left out,
+        # each of 20 relay links got the whole room: 20 times the limit went in), its own
+        # credit in it. Not the room less all the credit
         # out: a link that got a window and never sends kept every other at 0 for good,
         # memory empty. Credit given before counts against nobody else: what it carries
         # past the limit waits (_memory_hold).
-        share = -(-fits // max(1, self._named_producers))
+        share = -(-fits // max(1, self._named_producers + self._relay_producers))
         grant = min(need, share - producer.credit)
         if grant < need:
             self._memory_starved = True  # ask everyone again when memory or depths change
@@ -417,7 +424,14 @@ class Plugin:
             entry.deadlines.pop(message.sequence, None)
             return self._memory_hold(producer, message)
         now = self._clock()
-        deadline = entry.deadlines.setdefault(message.sequence, now + reject_after)
+        deadline = entry.deadlines.get(message.sequence)
+        if deadline is None:
+            memory = self._control.memory if self._control is not None else None
+            if memory is not None and memory.holds_too_much(message.size):
+                # The router would refuse to hold it: refused here, with no clock left
+                # behind (each such clock stayed for good: +11 MiB per 100,000).
+                return Reject(memory.held_past_limit())
+            deadline = entry.deadlines[message.sequence] = now + reject_after
         remaining = deadline - now
         if remaining <= _TIMER_SLACK:
             del entry.deadlines[message.sequence]
