@@ -385,12 +385,10 @@ class BatchingIOHandler(IOHandler):
         impl = transport._impl
         pending = pn_transport_pending(impl)
         if pending <= 0:
-            if pending == 0 and self._unwritten:
+            if pending == 0 and (unwritten := self._unwritten_of(impl)) is not None:
                 # Nothing framed is left to write: what was handed over and never framed
                 # (a link detached before it went) must not keep the upstream paused.
-                unwritten = self._unwritten.get(pn_transport_connection(impl))
-                if unwritten is not None:
-                    unwritten.bytes = 0
+                unwritten.bytes = 0
             return  # nothing, or closing: the update that follows handles it
         try:
             sent = selectable._delegate.send(transport.peek(pending))
@@ -401,10 +399,12 @@ class BatchingIOHandler(IOHandler):
             transport.close_head()
             return
         pn_transport_pop(impl, sent)
-        if self._unwritten:
-            unwritten = self._unwritten.get(pn_transport_connection(impl))
-            if unwritten is not None:
-                unwritten.bytes = unwritten.bytes - sent if unwritten.bytes > sent else 0
+        if (unwritten := self._unwritten_of(impl)) is not None:
+            unwritten.bytes = unwritten.bytes - sent if unwritten.bytes > sent else 0
+
+    def _unwritten_of(self, transport: Any) -> Unwritten | None:
+        """A paced client's count, from its transport (C pointer); None for any other."""
+        return self._unwritten.get(pn_transport_connection(transport)) if self._unwritten else None
 
     def _read(self, transport: Any, selectable: Any) -> None:
         capacity = pn_transport_capacity(transport._impl)
