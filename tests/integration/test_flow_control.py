@@ -58,6 +58,12 @@ class Router:
         )
 
 
+def standalone_router(qpid_flow_process: Any, config_text: str) -> Router:
+    """A standalone qpid-flow with ``config_text`` and its admin endpoint."""
+    admin = f"127.0.0.1:{free_port()}"
+    return Router(qpid_flow_process(config_text=config_text, extra_args=["--admin", admin]), admin)
+
+
 @pytest.fixture(params=["broker", "standalone"])
 def start_router(request, qpid_flow_process):
     def start(config_text: str) -> Router:
@@ -280,14 +286,10 @@ def test_a_time_to_live_counts_from_arrival_while_flow_control_holds_the_transfe
     arrival (AMQP 1.0 3.2.1), not from when a stopped destination lets it in. The four
     held past the stop threshold have a 1 s ttl and wait 2 s: admitted when flow
     resumes, they expire, never delivered; the eleven admitted at once (no ttl) arrive."""
-    admin = f"127.0.0.1:{free_port()}"
     name = unique("ttl-held")
-    router = Router(
-        qpid_flow_process(
-            config_text=f'[destinations."{name}"]\nreject_after = "30s"\nflow_stop_count = 10\nflow_resume_count = 5\n',
-            extra_args=["--admin", admin],
-        ),
-        admin,
+    router = standalone_router(
+        qpid_flow_process,
+        f'[destinations."{name}"]\nreject_after = "30s"\nflow_stop_count = 10\nflow_resume_count = 5\n',
     )
     messages = [make_message("p", i) for i in range(15)]
     for message in messages[11:]:
@@ -307,14 +309,7 @@ def test_a_time_to_live_counts_from_arrival_while_flow_control_holds_the_transfe
 
 
 def test_ring_keeps_the_newest_max_count(qpid_flow_process) -> None:
-    admin = f"127.0.0.1:{free_port()}"
-    router = Router(
-        qpid_flow_process(
-            config_text='[destinations."PRICES.>"]\nlimit_policy = "ring"\nmax_count = 10\n',
-            extra_args=["--admin", admin],
-        ),
-        admin,
-    )
+    router = standalone_router(qpid_flow_process, '[destinations."PRICES.>"]\nlimit_policy = "ring"\nmax_count = 10\n')
     producer = Producer(router.url, "PRICES.STOCK.IBM", [make_message("p", i) for i in range(50)])
     run_all(producer)
     assert Counter(producer.outcomes.values()) == {"accepted": 50}, "a ring never blocks nor rejects"
@@ -436,8 +431,8 @@ def test_stat_cli_prints_one_record_per_destination(start_router) -> None:
 
 def test_admin_changes_need_the_token_and_a_web_page_cannot_send_them(qpid_flow_process) -> None:
     name = unique("admin-token")
-    admin = f"127.0.0.1:{free_port()}"
-    router = Router(qpid_flow_process(config_text=seed_config(name), extra_args=["--admin", admin]), admin)
+    router = standalone_router(qpid_flow_process, seed_config(name))
+    admin = router.admin
     # The CLI without the token: refused, in one line that says what to set.
     env = {k: v for k, v in os.environ.items() if k != ADMIN_TOKEN_VARIABLE}
     refused = subprocess.run(
@@ -464,13 +459,9 @@ def test_admin_changes_need_the_token_and_a_web_page_cannot_send_them(qpid_flow_
 
 
 def test_memory_limit_stops_all_producer_credit(qpid_flow_process) -> None:
-    admin = f"127.0.0.1:{free_port()}"
-    router = Router(
-        qpid_flow_process(
-            config_text='memory_limit = "20 KB"\nproducer_window = 10\ndefault_max_size = 0\n',
-            extra_args=["--admin", admin],
-        ),
-        admin,
+    router = standalone_router(
+        qpid_flow_process,
+        'memory_limit = "20 KB"\nproducer_window = 10\ndefault_max_size = 0\n',
     )
     producers = [
         Producer(router.url, f"mem-{k}", [make_message(f"p{k}", i, size=1024) for i in range(100)], timeout=60)
@@ -498,13 +489,9 @@ def test_transfers_held_past_memory_limit_stop_at_memory_limit_too(qpid_flow_pro
     held 6 GB under a 50 MB limit. Held transfers now stop at the limit as well: past it
     they are refused, so the router holds at most twice memory_limit; the held ones go in
     as memory frees, and nothing is lost."""
-    admin = f"127.0.0.1:{free_port()}"
-    router = Router(
-        qpid_flow_process(
-            config_text='memory_limit = "20 KB"\nproducer_window = 100\ndefault_max_size = 0\n',
-            extra_args=["--admin", admin],
-        ),
-        admin,
+    router = standalone_router(
+        qpid_flow_process,
+        'memory_limit = "20 KB"\nproducer_window = 100\ndefault_max_size = 0\n',
     )
     name = unique("mem-ceiling")
     producer = Producer(router.url, name, [make_message("p", i, size=1024) for i in range(100)], timeout=60)
