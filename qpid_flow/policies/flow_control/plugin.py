@@ -105,9 +105,7 @@ class Plugin:
         self._wake_all_pending = False
         self._largest_seen = 0  # router-wide: the size to assume where a destination saw none
         self._memory_starved = False  # a grant was cut short by the memory limit
-        # Producer links, named-target and anonymous-relay: they share the memory room.
-        self._named_producers = 0
-        self._relay_producers = 0
+        self._producer_links = 0  # named-target and anonymous-relay: they share the memory room
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -215,19 +213,13 @@ class Plugin:
 
     @hookimpl
     def qpid_flow_producer_attached(self, producer: Producer) -> None:
-        if producer.address is not None:
-            self._named_producers += 1
-        else:
-            self._relay_producers += 1
+        self._producer_links += 1
 
     @hookimpl
     def qpid_flow_producer_detached(self, producer: Producer, destination: Destination | None) -> None:
-        # Counted by its address, not its destination: one deleted meanwhile (a dynamic
+        # Every link, whatever became of its destination: one deleted meanwhile (a dynamic
         # target whose link went) left the count raised for good, every share smaller.
-        if producer.address is not None:
-            self._named_producers = max(0, self._named_producers - 1)
-        else:
-            self._relay_producers = max(0, self._relay_producers - 1)
+        self._producer_links = max(0, self._producer_links - 1)
         # The credit it held is free again: whoever went short may have it.
         if self._memory_starved:
             self._wake_soon(None)
@@ -342,7 +334,7 @@ class Plugin:
         # out: a link that got a window and never sends kept every other at 0 for good,
         # memory empty. Credit given before counts against nobody else: what it carries
         # past the limit waits (_memory_hold).
-        share = -(-fits // max(1, self._named_producers + self._relay_producers))
+        share = -(-fits // max(1, self._producer_links))
         grant = min(need, share - producer.credit)
         if grant < need:
             self._memory_starved = True  # ask everyone again when memory or depths change
