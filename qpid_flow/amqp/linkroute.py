@@ -67,7 +67,7 @@ from qpid_flow.config import is_pattern
 from qpid_flow.core.dialect import PLAIN, Dialect, Node, dialect_for
 from qpid_flow.core.jms_selector import Selector, SelectorError
 from qpid_flow.core.memory import MemoryMeter
-from qpid_flow.core.model import Consumer, Message, Outcome, Settlement
+from qpid_flow.core.model import Consumer, Message, Outcome, Producer, Settlement
 from qpid_flow.plugin.manager import CREDIT_AFTER_FAILURE
 
 if TYPE_CHECKING:
@@ -722,10 +722,14 @@ class BrokerRouter(Router):
             if not address:  # a broker that took a dynamic target must name the node
                 self._end_pair(client, upstream, Condition("amqp:internal-error", "the broker named no node"))
                 return
-            destination = self.destination_for(address)
-            if destination is None:  # auto_create = false and no policy names it
-                self._end_pair(client, upstream, Condition("amqp:not-found", f"no destination {address!r}"))
-                return
+            destination = None
+            if not self._node(address).by_subject:
+                destination = self.destination_for(address)
+                if destination is None:  # auto_create = false and no policy names it
+                    self._end_pair(client, upstream, Condition("amqp:not-found", f"no destination {address!r}"))
+                    return
+            # else (RabbitMQ's /queue) each message goes where its subject says: a link of
+            # many destinations, held back per transfer as an anonymous-relay link is.
             producer = self._start_producer(client, destination, grant=False)
             sender = _UpstreamSender(upstream, address)
             upstream.qf_sender = sender
@@ -1046,6 +1050,27 @@ class BrokerRouter(Router):
     def destination_for(self, address: str) -> Destination | None:
         return self.destinations.get(self._node(address).name)
 
+    def relay_address(self, producer: Producer, data: bytes) -> str | None:
+        """A relay's ``to``; or a named link's target that names no single queue
+        (RabbitMQ's ``/queue``). Where the broker routes such an address by the message's
+        subject, the subject's queue, when qpid-flow knows that queue (a client attached
+        to it, or a policy names it): its depth and flow control then see the message, as
+        they see one sent to ``/queue/SUBJECT``. A subject naming no known queue passes
+        uncounted: the broker drops a message its default exchange cannot route, and
+        counted it would stay in a depth for good."""
+        route = self._producer_routes.get(producer.id)
+        if route is not None and route.upstream is not None:
+            address: str | None = route.upstream.address
+        else:
+            address = codec.to_address(data)
+        if address and self._node(address).by_subject:
+            subject = codec.properties_field(data, "subject")
+            if isinstance(subject, str) and subject:
+                node = self._node(subject)
+                if node.is_queue and self.destinations.find(node.name) is not None:
+                    return subject
+        return address
+
     def _dialect_found(self, dialect: Dialect) -> Dialect:
         """The broker's dialect is known now. Addresses looked up before are forgotten
         (they were taken as given), and the configuration's policies named in an address
@@ -1107,7 +1132,9 @@ class BrokerRouter(Router):
                 self._trim_relays(route)
                 sender = self._relay_sender(route.client, address)
             route.relays[address] = sender
-        counted = self._node(sender.address).is_queue
+        node = self._node(sender.address)
+        # A message routed by its subject counts in the subject's queue (relay_address).
+        counted = node.is_queue or (node.by_subject and destination.address != sender.address)
         if counted:
             # It counts in the destination's depth from now on: it is on its way to the broker.
             destination.count_in(message)

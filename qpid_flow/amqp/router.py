@@ -538,6 +538,10 @@ class Router(Handler):
         """The destination an address names (created if allowed); None if there is none."""
         return self.destinations.get(address)
 
+    def relay_address(self, producer: Producer, data: bytes) -> str | None:
+        """Where a transfer of a link that names no single destination goes: its ``to``."""
+        return codec.to_address(data)
+
     def _start_producer(self, link: Link, destination: Destination | None, grant: bool = True) -> Producer:
         """Count an opened producer link in, and give it its first credit (unless the
         caller has more to set up first)."""
@@ -873,7 +877,7 @@ class Router(Handler):
         address = producer.address
         if address is None:
             try:
-                address = codec.to_address(data)
+                address = self.relay_address(producer, data)
             except codec.MalformedMessage as exc:
                 self._refuse_transfer(link, delivery, Message(data, "", producer.id), "amqp:decode-error", str(exc))
                 return

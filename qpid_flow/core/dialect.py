@@ -32,6 +32,9 @@ class Node:
 
     name: str  # the destination name policies match and statistics show
     is_queue: bool  # False: an exchange or topic (or nothing): qpid-flow keeps no depth for it
+    # True: the broker routes each message to the queue its ``subject`` names (RabbitMQ's
+    # ``/queue``, through the default exchange), so the address names no queue by itself.
+    by_subject: bool = False
 
 
 class Dialect(Protocol):
@@ -55,6 +58,9 @@ _QUEUE_PREFIXES = ("/queue/", "/amq/queue/")
 # RabbitMQ takes everything after this prefix as the name of an existing queue, verbatim
 # (no unescaping, "/" allowed): the form AMQP 0-9-1 reply-to addresses come back in.
 _REPLY_QUEUE_PREFIX = "/reply-queue/"
+# A sender to this address reaches the queue each message's subject names (the default
+# exchange, routing key = subject); a message with no subject, or naming no queue, is dropped.
+_SUBJECT_ROUTED = "/queue"
 
 
 def _unescape(name: str) -> str:
@@ -81,7 +87,9 @@ class RabbitMQDialect:
                 return Node(address, False)
         if address.startswith(_REPLY_QUEUE_PREFIX) and len(address) > len(_REPLY_QUEUE_PREFIX):
             return Node(address[len(_REPLY_QUEUE_PREFIX) :], True)
-        # /exchange/..., /topic/..., /queue (routed by subject), /temp-queue/..., or refused.
+        if address == _SUBJECT_ROUTED:
+            return Node(address, False, by_subject=True)
+        # /exchange/..., /topic/..., /temp-queue/..., or refused.
         return Node(address, False)
 
 

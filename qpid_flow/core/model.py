@@ -265,7 +265,9 @@ def next_link_id() -> int:
 class Producer:
     """A producer link as the policies see it.
 
-    ``address`` is None for an anonymous-relay link (each transfer names its ``to``).
+    ``address`` is None for an anonymous-relay link (each transfer names its ``to``), and
+    for a link to an address the broker routes by each message's subject (RabbitMQ's
+    ``/queue``).
     """
 
     __slots__ = ("address", "connection_id", "credit", "id", "last_grant", "name", "transfers", "unsettled")

@@ -243,7 +243,9 @@ def qpid_flow_producer_attached(producer: Producer, destination: Destination | N
     """Called when a client attached a producer link, before its first credit is asked.
 
     In front of a broker, a link to a named address is reported once the broker has
-    answered its attach.
+    answered its attach. A link whose address names no single queue because the broker
+    routes each message by its subject (RabbitMQ's ``/queue``) is reported as an
+    anonymous-relay link is: each transfer counts in the queue its subject names.
 
     :param producer: the link; ``producer.address`` is None for an anonymous-relay link.
     :param destination: the link's destination, None for an anonymous-relay link.

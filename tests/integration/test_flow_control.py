@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
@@ -385,6 +386,47 @@ def test_a_policy_the_file_names_in_the_brokers_address_form_limits_that_queue(s
     for thread in threads:
         thread.join(30)
     assert Counter(producer.outcomes.values()) == {"accepted": 30}
+
+
+def test_messages_rabbitmq_routes_by_subject_count_in_the_queue_it_names(rabbitmq, qpid_flow_process) -> None:
+    """RabbitMQ takes a message sent to ``/queue`` to the queue its subject names (the
+    default exchange). Such messages skipped that queue's flow control: with it stopped at 3,
+    20 of 20 were accepted at once, on a named link and on an anonymous-relay one alike. They
+    are now held back per transfer, as an anonymous-relay producer's are; a subject naming
+    no queue qpid-flow knows passes (the broker drops what it cannot route)."""
+    name = unique("by-subject")
+    admin = f"127.0.0.1:{free_port()}"
+    config = f'[destinations."{name}"]\nflow_stop_count = 3\nflow_resume_count = 1\n'
+    process = qpid_flow_process(broker_url=rabbitmq.url, config_text=config, extra_args=["--admin", admin])
+    router = Router(process, admin)
+    filler = Producer(router.url, f"/queue/{name}", [make_message("filler", i) for i in range(4)])
+    run_all(filler)  # makes the queue; the fourth crosses the stop
+    assert router.stat(name)["flowStopped"] is True
+
+    def by_subject(producer: str, count: int, to: str | None = None) -> list[Message]:
+        messages = [make_message(producer, i, to=to) for i in range(count)]
+        for message in messages:
+            message.subject = name
+        return messages
+
+    named = Producer(router.url, "/queue", by_subject("named", 10), timeout=60)
+    relay = Producer(router.url, None, by_subject("relay", 5, to="/queue"), timeout=60)
+    nowhere = make_message("nowhere", 0, to="/queue")
+    nowhere.subject = unique("no-such-queue")
+    unrouted = Producer(router.url, None, [nowhere], timeout=60)
+    threads = start(named, relay, unrouted)
+    assert wait_until_quiet([named, relay, unrouted]) == 1
+    assert unrouted.outcomes == {0: "accepted"}, "a subject naming no known queue is not held"
+    assert (named.outcomes, relay.outcomes) == ({}, {}), "held while the subject's queue is stopped"
+    record = router.stat(name)
+    assert record["flowStopped"] is True
+    assert record["depth"] == 4 + 10 + 5, "the broker has them: counted in the subject's queue"
+    run_all(Consumer(router.url, f"/queue/{name}", count=19, prefetch=19))
+    for thread in threads:
+        thread.join(30)
+    assert Counter(named.outcomes.values()) == {"accepted": 10}
+    assert Counter(relay.outcomes.values()) == {"accepted": 5}
+    assert router.stat(name)["depth"] == 0
 
 
 def test_policy_change_and_operator_stop_start_at_runtime(start_router) -> None:

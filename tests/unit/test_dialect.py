@@ -49,11 +49,16 @@ def test_rabbitmq_reply_queue_is_the_rest_verbatim() -> None:
         "/exchange/amq.topic/a%2Fb",
         "/topic/prices.eu",
         "/topic/orders",
-        "/queue",  # a sender's target: routed to the queue named by each message's subject
     ],
 )
 def test_rabbitmq_exchanges_and_topics_are_not_queues(address: str) -> None:
     assert RABBITMQ.node(address) == Node(address, False)
+
+
+def test_rabbitmq_bare_queue_address_routes_each_message_by_its_subject() -> None:
+    # A sender's target: each message goes to the queue its subject names.
+    assert RABBITMQ.node("/queue") == Node("/queue", False, by_subject=True)
+    assert not PLAIN.node("/queue").by_subject
 
 
 @pytest.mark.parametrize(
