@@ -500,6 +500,32 @@ def test_a_ring_refuses_a_message_larger_than_max_size_and_keeps_its_messages(ho
     assert (len(dest.queue), dest.ring_dropped) == (5, 0)
 
 
+@pytest.mark.parametrize("limit_policy", ["ring", "reject"])
+def test_a_full_destination_takes_its_expired_messages_out_before_dropping_or_refusing(
+    hooks: Hooks, limit_policy: str
+) -> None:
+    """An expired message is dequeued (SEMANTICS 7): it holds no room. A ring of 3 holding
+    A and X (expired before it arrived) and B dropped A, a live message, for C (counted
+    ringDropped) and kept X until the next sweep; a full reject destination refused C."""
+    import time
+
+    from proton import Message as Encoded
+
+    from qpid_flow.core.standalone import StandaloneBackend
+
+    dest = make(hooks, limit_policy=limit_policy, max_count=3)
+    outcomes: dict[str, Outcome] = {}
+    for body, expiry in (("A", None), ("X", time.time() - 60), ("B", None), ("C", None)):
+        encoded = Encoded(body=body, expiry_time=expiry).encode() if expiry else Encoded(body=body).encode()
+
+        def done(message: Message, settlement: Settlement, body: str = body) -> None:
+            outcomes[body] = settlement.outcome
+
+        StandaloneBackend().forward(dest, Message(encoded, "q"), done)
+    assert outcomes == dict.fromkeys("AXBC", Outcome.ACCEPTED)
+    assert (dest.expired, dest.ring_dropped, dest.depth) == (1, 0, 3)
+
+
 def test_a_message_arriving_with_a_browser_attached_is_shown_without_a_scan(hooks: Hooks) -> None:
     """An idle QueueBrowser with credit on a deep queue: each new message is shown to it on
     its own, and the waiting ones are not walked again. (Every message that arrived copied
