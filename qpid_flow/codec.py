@@ -549,6 +549,33 @@ def redelivered(buf: bytes, failed_attempts: int) -> bytes:
     return _encode_header(fields) + buf[rest:]
 
 
+def aged(buf: bytes, received: float, now: float) -> bytes | None:
+    """The message as it goes on at ``now`` after waiting here since ``received``: its
+    header's ``ttl`` lowered by the wait (AMQP 1.0 3.2.1: the ttl a message carries is what
+    it has left), or None once it has expired (by its ttl or its absolute-expiry-time).
+    Unchanged bytes when it carries no ttl."""
+    expires, _properties = expiry_and_properties(buf, received)
+    if expires is None:
+        return buf
+    if expires <= now:
+        return None
+    try:
+        header = _header(buf)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    waited = int((now - received) * 1000)
+    if header is None or waited <= 0:
+        return buf
+    fields, rest = header
+    ttl = fields[_TTL]
+    if not isinstance(ttl, int) or ttl <= 0:
+        return buf  # it expires by its absolute-expiry-time, which waiting does not change
+    fields[_TTL] = max(1, ttl - waited)
+    if not isinstance(fields[4], int):
+        fields[4] = 0  # delivery-count's default, written out
+    return _encode_header(fields) + buf[rest:]
+
+
 def _encode_header(fields: list[Any]) -> bytes:
     durable, priority, ttl, first_acquirer, delivery_count = fields
     parts = [

@@ -1121,7 +1121,30 @@ class Router(Handler):
                 self._held[address] = held[index:] + self._held.get(address, [])
                 return
             self.memory.unhold(message.size)
+            if not isinstance(decision, Reject) and self._expired_while_held(destination, message):
+                continue
             self._apply_decision(decision, destination, message)
+
+    def _expired_while_held(self, destination: Destination, message: Message) -> bool:
+        """In front of a broker, a transfer flow control held goes on with the time to live
+        it has left (it went to the broker with all of it, and reached a consumer after it
+        had expired); one that expired while held goes no further: accepted, as the broker
+        would have taken it and then dropped it, and counted expired. Standalone, the
+        destination expires what it holds, counting from arrival already."""
+        if self.judges_messages or message.relayed_txn is not None:
+            return False  # a transactional transfer is the broker's to judge
+        try:
+            aged = codec.aged(message.data, message.arrived, time.time())
+        except codec.MalformedMessage:
+            return False  # the broker's to refuse
+        if aged is None:
+            destination.expired += 1
+            log.debug("held_transfer_expired", address=destination.address)
+            self._producer_outcome(message, Settlement.accepted())
+            return True
+        if aged is not message.data:
+            message.data, message.size = aged, len(aged)
+        return False
 
     def _destination_gone(self, address: str) -> None:
         """A destination was deleted with transfers held for it or settlements waiting on

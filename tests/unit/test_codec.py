@@ -309,3 +309,26 @@ def test_messages_a_client_cannot_decode_are_found(data: bytes, why: str) -> Non
 def test_a_message_without_a_body_passes_as_rabbitmq_takes_it() -> None:
     codec.check_sections(Message(id="no-body", properties={"k": 1}).encode())
     codec.check_sections(Message(body=[b"a", b"b"]).encode())  # a body of one kind
+
+
+def test_a_message_that_waited_goes_on_with_the_time_to_live_it_has_left() -> None:
+    original = Message(body="x", ttl=10.0, priority=7, durable=True, properties={"k": 1})
+    later = codec.aged(original.encode(), received=1000.0, now=1003.5)
+    assert later is not None
+    decoded = Message()
+    decoded.decode(later)
+    assert decoded.ttl == pytest.approx(6.5)
+    assert (decoded.priority, decoded.durable, decoded.body, decoded.properties) == (7, True, "x", {"k": 1})
+
+
+def test_a_message_that_expired_while_it_waited_is_none() -> None:
+    assert codec.aged(Message(body="x", ttl=1.0).encode(), received=1000.0, now=1001.0) is None
+    by_clock = Message(body="x", expiry_time=1000.5)  # absolute-expiry-time, in seconds here
+    assert codec.aged(by_clock.encode(), received=1000.0, now=1001.0) is None
+    kept = by_clock.encode()
+    assert codec.aged(kept, received=1000.0, now=1000.2) is kept  # its deadline does not move
+
+
+def test_a_message_without_a_time_to_live_is_unchanged_by_waiting() -> None:
+    encoded = Message(body="x").encode()
+    assert codec.aged(encoded, received=1000.0, now=5000.0) is encoded
