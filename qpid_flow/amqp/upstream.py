@@ -311,7 +311,7 @@ class _ReaderConnection(Handler):
         link = session.receiver(f"qpid-flow-reader-{receiver.destination.address}-{next(self._tags)}")
         # The source only, as a client's receiver has it: RabbitMQ declares the node a
         # target names, non-durable, which fails on a durable queue and ends the session.
-        link.source.address = receiver.destination.address
+        link.source.address = (self.dialect or PLAIN).existing_queue(receiver.destination.address)
         link.source.durability = receiver.durability
         link.open()
         link.qf_receiver = receiver

@@ -52,6 +52,11 @@ class Dialect(Protocol):
         """The node ``address`` names."""
         ...
 
+    def existing_queue(self, name: str) -> str:
+        """The address qpid-flow's own reader reads queue ``name`` by: one that names the
+        queue as it is, declaring nothing."""
+        ...
+
 
 # The prefixes whose single segment that follows is a queue name (RabbitMQ unescapes it).
 _QUEUE_PREFIXES = ("/queue/", "/amq/queue/")
@@ -92,6 +97,15 @@ class RabbitMQDialect:
         # /exchange/..., /topic/..., /temp-queue/..., or refused.
         return Node(address, False)
 
+    def existing_queue(self, name: str) -> str:
+        # /amq/queue/ declares nothing: read by a plain name (or /queue/), a queue declared
+        # with arguments (a dead-letter exchange) or durable refuses the declaration
+        # (precondition-failed) and ends the reader's session. A name that /amq/queue/
+        # cannot spell exactly (a "/" in it) is read as named.
+        if not name or "/" in name or "%2F" in name:
+            return name
+        return f"/amq/queue/{name}"
+
 
 class PlainDialect:
     """Brokers that take the address as the queue name (Artemis, Qpid, ActiveMQ, standalone)."""
@@ -103,6 +117,9 @@ class PlainDialect:
 
     def node(self, address: str) -> Node:
         return Node(address, True)
+
+    def existing_queue(self, name: str) -> str:
+        return name
 
 
 RABBITMQ = RabbitMQDialect()

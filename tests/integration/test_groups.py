@@ -486,6 +486,35 @@ def test_a_message_that_expires_waiting_behind_its_group_is_never_delivered(rout
         connection.close()
 
 
+def test_a_grouped_queue_declared_with_arguments_is_read(rabbitmq, qpid_flow_process) -> None:
+    """qpid-flow's reader asked for a grouped queue by its plain name, which RabbitMQ takes
+    as a declaration: for a queue declared with arguments (a dead-letter exchange, a length
+    limit) it refused it (precondition-failed), and the consumers of /amq/queue/X, whose
+    own attach the broker took, were detached with that error. The reader now reads
+    /amq/queue/X, which declares nothing."""
+    import pika
+    from proton.utils import BlockingConnection
+
+    address = unique("grouped-arguments")
+    broker = pika.URLParameters(f"amqp://{rabbitmq.user}:{rabbitmq.password}@{rabbitmq.host}:{rabbitmq.port}/%2F")
+    with pika.BlockingConnection(broker) as setup:
+        setup.channel().queue_declare(address, arguments={"x-max-length": 1000})
+    router = qpid_flow_process(broker_url=rabbitmq.url, config_text=grouped_config(address))
+    connection = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = connection.create_sender(f"/amq/queue/{address}")
+        for n in range(3):
+            sender.send(Message(body=f"A{n}", group_id="A"))
+        receiver = connection.create_receiver(f"/amq/queue/{address}", credit=3)
+        bodies = []
+        for _ in range(3):
+            bodies.append(receiver.receive(timeout=15).body)
+            receiver.accept()
+        assert bodies == ["A0", "A1", "A2"]
+    finally:
+        connection.close()
+
+
 def test_a_modified_outcomes_annotations_reach_the_next_delivery(router_url) -> None:
     """AMQP 1.0 3.4.5: a modified outcome's message-annotations are merged into the message
     for its next delivery (docs/behaviour.md, "Outcomes on qpid-flow's own destinations",

@@ -143,3 +143,9 @@ def test_broker_dialect_refuses_others() -> None:
     with pytest.raises(ConfigError) as caught:
         build_config({"broker_dialect": "artemis"})
     assert str(caught.value) == "broker_dialect = 'artemis': must be one of auto, rabbitmq, plain"
+
+
+def test_qpid_flows_reader_reads_a_rabbitmq_queue_by_the_address_that_declares_nothing() -> None:
+    assert RABBITMQ.existing_queue("orders") == "/amq/queue/orders"
+    assert RABBITMQ.existing_queue("a/b") == "a/b"  # not spelt exactly by /amq/queue/
+    assert PLAIN.existing_queue("orders") == "orders"
