@@ -549,6 +549,16 @@ def redelivered(buf: bytes, failed_attempts: int) -> bytes:
     return _encode_header(fields) + buf[rest:]
 
 
+def header_ttl(buf: bytes) -> int | None:
+    """The header's ``ttl`` in milliseconds, or None when it has none."""
+    try:
+        header = _header(buf)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    ttl = header[0][_TTL] if header is not None else None
+    return ttl if isinstance(ttl, int) and ttl > 0 else None
+
+
 def aged(buf: bytes, received: float, now: float) -> bytes | None:
     """The message as it goes on at ``now`` after waiting here since ``received``: its
     header's ``ttl`` lowered by the wait (AMQP 1.0 3.2.1: the ttl a message carries is what

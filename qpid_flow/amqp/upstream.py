@@ -45,6 +45,7 @@ from qpid_flow.amqp.endpoints import DeliveryEvent, LeanDelivery, keep_link, kep
 from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.outcomes import apply_settlement
 from qpid_flow.amqp.timers import Call
+from qpid_flow.core.destination import EXPIRED
 from qpid_flow.core.dialect import PLAIN, Dialect, dialect_for
 from qpid_flow.core.model import Message, Outcome, Settlement
 
@@ -375,8 +376,16 @@ class _ReaderConnection(Handler):
             credit += missing
         receiver.destination.upstream_credit = credit
 
-    def _settle_upstream(self, epoch: int, delivery: LeanDelivery, settlement: Settlement) -> None:
+    def _settle_upstream(
+        self, epoch: int, delivery: LeanDelivery, settlement: Settlement, broker_expires: bool = False
+    ) -> None:
         if epoch == self.epoch and self.connected:
+            if broker_expires and settlement is EXPIRED:
+                # Its header's ttl ran out here, so at the broker too (counted there from
+                # when it arrived, never later than here): given back, the broker expires
+                # it itself, and dead-letters it with the reason ``expired``, as it would
+                # have directly (told rejected, RabbitMQ gave the reason ``rejected``).
+                settlement = _RELEASED
             apply_settlement(delivery, self._as_the_broker_takes(settlement))
 
     def _as_the_broker_takes(self, settlement: Settlement) -> Settlement:
@@ -408,8 +417,10 @@ class _ReaderConnection(Handler):
         destination = receiver.destination
         message = Message(data, destination.address)
         message.upstream_epoch = self.epoch
-        message.on_dequeue = functools.partial(self._settle_upstream, self.epoch, delivery)
-        _take_time_to_live(message, destination)
+        if _take_time_to_live(message, destination):
+            message.on_dequeue = functools.partial(self._settle_upstream, self.epoch, delivery, broker_expires=True)
+        else:
+            message.on_dequeue = functools.partial(self._settle_upstream, self.epoch, delivery)
         destination.enqueue(message, counted=False)
         self._top_up(receiver)
 
@@ -492,19 +503,25 @@ class _ReaderConnection(Handler):
             self._connection.close()
 
 
-def _take_time_to_live(message: Message, destination: Destination) -> None:
+def _take_time_to_live(message: Message, destination: Destination) -> bool:
     """A fetched message with a time to live expires here as it would have at the broker.
     To the broker it is an unsettled delivery to qpid-flow's reader, which it never
     expires: a message waiting behind its group's owner was delivered long after it
     expired. Its header's ttl counts from its arrival here (when it reached the broker is
     not known: never earlier than there); its absolute-expiry-time is exact. An expired one
-    leaves as standalone (the broker is told rejected, ``qpid-flow:expired``)."""
+    is never delivered. True when its header's ttl decides its expiry: the broker, which
+    reads that ttl too, expires it once given back; one that expires by its
+    absolute-expiry-time alone (RabbitMQ 3.10 does not read it) is told rejected
+    (``qpid-flow:expired``) instead, so that it leaves the queue."""
     try:
         message.expires, message.properties_at = codec.expiry_and_properties(message.data, message.arrived)
     except codec.MalformedMessage:
-        return  # the consumer gets it as the broker sent it
-    if message.expires is not None:
-        destination.expiring = True
+        return False  # the consumer gets it as the broker sent it
+    if message.expires is None:
+        return False
+    destination.expiring = True
+    ttl = codec.header_ttl(message.data)
+    return ttl is not None and message.expires == message.arrived + ttl / 1000.0
 
 
 class GroupReader:

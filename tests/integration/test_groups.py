@@ -27,6 +27,7 @@ from qpid_flow.policies.event_log.writers import read_rows
 from .clients import Consumer, Producer, Received, run_all, unique
 from .harness.net import free_port
 from .harness.router import admin_request
+from .harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -513,6 +514,51 @@ def test_a_grouped_queue_declared_with_arguments_is_read(rabbitmq, qpid_flow_pro
         assert bodies == ["A0", "A1", "A2"]
     finally:
         connection.close()
+
+
+def test_a_grouped_message_that_expires_in_qpid_flow_is_dead_lettered_as_the_broker_would(
+    rabbitmq, qpid_flow_process
+) -> None:
+    """RabbitMQ dead-letters a message whose ttl ran out with the reason ``expired``. One of
+    a grouped destination, expired waiting behind its group's owner in qpid-flow, was told
+    rejected: dead-lettered with the reason ``rejected``."""
+    import pika
+    from proton.utils import BlockingConnection
+
+    address, dead = unique("grouped-dlx"), unique("dead-letters")
+    broker = pika.URLParameters(f"amqp://{rabbitmq.user}:{rabbitmq.password}@{rabbitmq.host}:{rabbitmq.port}/%2F")
+    with pika.BlockingConnection(broker) as setup:
+        channel = setup.channel()
+        channel.queue_declare(dead)
+        channel.queue_declare(address, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+    router = qpid_flow_process(broker_url=rabbitmq.url, config_text=grouped_config(address))
+    connection = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = connection.create_sender(f"/amq/queue/{address}")
+        for n in (1, 2, 3):
+            message = Message(body=f"A{n}", group_id="A")
+            if n == 2:
+                message.ttl = 0.5
+            sender.send(message)
+        receiver = connection.create_receiver(f"/amq/queue/{address}", credit=0)
+        assert receiver.receive(timeout=15).body == "A1"
+        time.sleep(2.0)  # A2's time to live runs out while A1 holds the group
+        receiver.accept()
+        assert receiver.receive(timeout=15).body == "A3"
+        receiver.accept()
+    finally:
+        connection.close()
+    reasons: list[str] = []
+
+    def dead_lettered() -> bool:
+        with pika.BlockingConnection(broker) as check:
+            method, properties, _body = check.channel().basic_get(dead, auto_ack=True)
+        if method is not None:
+            reasons.extend(death["reason"] for death in properties.headers["x-death"])
+        return bool(reasons)
+
+    wait_until(dead_lettered, timeout=15)
+    assert reasons == ["expired"]
 
 
 def test_a_modified_outcomes_annotations_reach_the_next_delivery(router_url) -> None:

@@ -332,3 +332,9 @@ def test_a_message_that_expired_while_it_waited_is_none() -> None:
 def test_a_message_without_a_time_to_live_is_unchanged_by_waiting() -> None:
     encoded = Message(body="x").encode()
     assert codec.aged(encoded, received=1000.0, now=5000.0) is encoded
+
+
+def test_header_ttl_is_the_headers_time_to_live_in_milliseconds() -> None:
+    assert codec.header_ttl(Message(body="x", ttl=1.5).encode()) == 1500
+    assert codec.header_ttl(Message(body="x").encode()) is None
+    assert codec.header_ttl(Message(body="x", expiry_time=1000.0).encode()) is None
