@@ -162,6 +162,7 @@ class _ConsumerRoute:
         "draining",
         "pending",
         "sent",
+        "subscribed",
         "unwritten",
         "upstream",
     )
@@ -177,6 +178,9 @@ class _ConsumerRoute:
         self.unwritten: Unwritten | None = kept(client.connection, "qf_unwritten")
         # The link as plugins see it, once the broker accepted it (None: not a queue).
         self.consumer: Consumer | None = None
+        # An address that is no queue (a topic): the destination it counts in as a
+        # subscriber, once the broker accepted it.
+        self.subscribed: Destination | None = None
         # From the broker, waiting for the client's credit (RabbitMQ sends beyond credit).
         self.pending: deque[tuple[bytes, LeanDelivery]] = deque()
         # Sent to the client, unsettled: client C delivery -> (client wrapper, upstream
@@ -760,6 +764,12 @@ class BrokerRouter(Router):
                     connection_id=client.connection.qf_id,
                 )
                 route.destination.mirrored.add(route)
+            elif (address := client.remote_source.address) and not client.remote_source.dynamic:
+                # A topic or exchange: no depth, but its consumers count (statistics).
+                subscribed = self.destination_for(address)
+                if subscribed is not None:
+                    subscribed.subscribers += 1
+                    route.subscribed = subscribed
             self._consumer_credit(route)
 
     def _grouped_filters(self, client: Link, upstream: Link) -> tuple[Selector | None, dict[Any, Any]] | None:
@@ -1015,6 +1025,9 @@ class BrokerRouter(Router):
                 and self.destinations.find(destination.address) is destination
             ):
                 self.destinations.delete(destination)
+        if route.subscribed is not None:
+            route.subscribed.subscribers -= 1
+            route.subscribed = None
         if route.consumer is not None and route.destination is not None:
             route.destination.mirrored.discard(route)
             route.consumer = None

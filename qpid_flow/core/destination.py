@@ -133,6 +133,9 @@ class Destination:
         # In front of a broker: consumers whose links are mirrored to the broker (they get
         # their messages from it directly, not from this destination's queue).
         self.mirrored: set[MirroredConsumer] = set()
+        # In front of a broker: consumers of an address that is no queue (an exchange, a
+        # topic), each reading a queue of its own the broker made: counted, with no depth.
+        self.subscribers = 0
         # In front of a broker: consumers gone with messages unsettled that the broker
         # still holds for them (as unacknowledged, not ready) until their session ends.
         self.left_unsettled: list[LeftUnsettled] = []
@@ -592,7 +595,15 @@ class Destination:
     @property
     def unused(self) -> bool:
         """Nothing refers to it any more: it can be forgotten."""
-        return not (self.consumers or self.browsers or self.producers or self.depth or self.mirrored or self.in_flight)
+        return not (
+            self.consumers
+            or self.browsers
+            or self.producers
+            or self.depth
+            or self.mirrored
+            or self.in_flight
+            or self.subscribers
+        )
 
     def delete(self) -> int:
         """Drop every waiting message (the destination is going away); how many."""
@@ -620,7 +631,7 @@ class Destination:
             "expired": self.expired,
             "refused": self.refused,
             "producers": len(self.producers),
-            "consumers": len(self.consumers) + len(self.browsers) + len(self.mirrored),
+            "consumers": len(self.consumers) + len(self.browsers) + len(self.mirrored) + self.subscribers,
             "maxCount": self.policy.max_count or 0,
             "maxSize": self.policy.max_size or 0,
             "limitPolicy": self.policy.when_full,

@@ -429,6 +429,31 @@ def test_messages_rabbitmq_routes_by_subject_count_in_the_queue_it_names(rabbitm
     assert router.stat(name)["depth"] == 0
 
 
+def test_subscribers_of_a_topic_count_as_its_consumers(rabbitmq, qpid_flow_process) -> None:
+    """A topic keeps no depth in front of RabbitMQ (each subscriber reads a queue of its
+    own), but its statistics list consumer links as a queue's do. Two subscribers and a
+    producer on /topic/K showed producers 1, consumers 0."""
+    from proton.utils import BlockingConnection
+
+    address = f"/topic/{unique('prices')}"
+    admin = f"127.0.0.1:{free_port()}"
+    router = Router(qpid_flow_process(broker_url=rabbitmq.url, extra_args=["--admin", admin]), admin)
+    connection, leaving = BlockingConnection(router.url, timeout=15), BlockingConnection(router.url, timeout=15)
+    try:
+        first = connection.create_receiver(address, credit=10)
+        second = leaving.create_receiver(address, credit=10)
+        connection.create_sender(address).send(make_message("p", 0))
+        assert [first.receive(timeout=15).body, second.receive(timeout=15).body] == ["p:0:".ljust(100, "x")] * 2
+        first.accept()
+        second.accept()
+        record = router.stat(address)
+        assert (record["producers"], record["consumers"], record["depth"]) == (1, 2, 0)
+        leaving.close()  # (RabbitMQ 3.10 does not answer a subscriber's detach)
+        wait_until(lambda: router.stat(address)["consumers"] == 1)
+    finally:
+        connection.close()
+
+
 def test_policy_change_and_operator_stop_start_at_runtime(start_router) -> None:
     name = unique("runtime")
     router = start_router(seed_config(name))
