@@ -1627,11 +1627,21 @@ def upstream_credit_change(client_credit: int, pending: int, upstream_credit: in
 
 
 def _ended_by_broker(link: Link) -> bool:
-    """Whether the broker ended ``link``, its session or its connection (rather than
-    qpid-flow, for a client that left)."""
+    """Whether the broker ended ``link``, its session or its connection, or the connection
+    to it is lost (rather than qpid-flow ending the link, for a client that left). What
+    the broker had not confirmed may then never have reached it: a broker that stopped
+    answering (hung) left the transfers qpid-flow had sent in buffers that died with the
+    connection, and counted as kept they stayed in the depth for good (15 messages with
+    the broker's queue empty, after two hangs)."""
     remote_closed = Endpoint.REMOTE_CLOSED
+    connection = link.connection
+    transport = connection.transport
     return bool(
-        link.state & remote_closed or link.session.state & remote_closed or link.connection.state & remote_closed
+        link.state & remote_closed
+        or link.session.state & remote_closed
+        or connection.state & remote_closed
+        or transport is None
+        or transport.closed
     )
 
 

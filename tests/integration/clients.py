@@ -76,9 +76,13 @@ class _Client(MessagingHandler):
         if self.reconnect is not None:
             event.container.schedule(0.5, _Watch(self))
 
+    # Seconds of silence after which the client drops its connection (its open frame
+    # asks the peer for keep-alives every half of it); None: no idle timeout.
+    heartbeat: float | None = None
+
     def connect(self, event: Any) -> None:
         self.bound = False  # the new connection's transport not seen yet (see _Watch)
-        self.connection = event.container.connect(self.url, reconnect=False)
+        self.connection = event.container.connect(self.url, reconnect=False, heartbeat=self.heartbeat)
         self.open_links(event)
 
     def _lost(self, why: str) -> bool:
@@ -180,12 +184,18 @@ class Producer(_Client):
         presettled: bool = False,
         pace: float = 0.0,
         reconnect: float | None = None,
+        rate: float = 0.0,
     ) -> None:
         super().__init__(url, timeout, reconnect=reconnect, auto_settle=True)
         self.address = address
         self.messages = messages
         self.presettled = presettled
         self.pace = pace
+        # Messages a second, sent from a timer every ``_TICK`` (a few at a time, as an
+        # application paced by its own clock): the container is not blocked meanwhile,
+        # so keep-alives and outcomes go on (``pace`` sleeps between sends instead).
+        self.rate = rate
+        self._budget = 0.0
         self.sent = 0
         self.to_send: list[int] = []  # indices still to send, the next one last
         # index -> outcome name ("accepted", "rejected", "released", "modified")
@@ -205,17 +215,36 @@ class Producer(_Client):
         self.to_send = [i for i in range(len(self.messages)) if i not in self.outcomes]
         self.to_send.reverse()
 
+    def on_start(self, event: Any) -> None:
+        super().on_start(event)
+        if self.rate:
+            event.container.schedule(_TICK, _Pace(self))
+
+    def tick(self, container: Any) -> None:
+        """``rate``: this tick's messages, as far as the credit goes."""
+        if self.done.is_set():
+            return
+        self._budget = min(self._budget + self.rate * _TICK, max(self.rate * _TICK, 1.0))
+        sender = self.sender
+        while self._budget >= 1 and self.connection is not None and sender.credit > 0 and self.to_send:
+            self._send(sender)
+            self._budget -= 1
+        container.schedule(_TICK, _Pace(self))
+
+    def _send(self, sender: Any) -> None:
+        index = self.to_send.pop()
+        delivery = sender.send(self.messages[index])
+        delivery.index = index
+        self.sent += 1
+        if self.presettled:
+            self.outcomes[delivery.index] = "accepted"
+
     def on_sendable(self, event: Any) -> None:
         sender = event.sender
-        if sender != self.sender:
-            return  # a link of a connection lost earlier
+        if sender != self.sender or self.rate:
+            return  # a link of a connection lost earlier; or sent by the timer
         while sender.credit > 0 and self.to_send:
-            index = self.to_send.pop()
-            delivery = sender.send(self.messages[index])
-            delivery.index = index
-            self.sent += 1
-            if self.presettled:
-                self.outcomes[delivery.index] = "accepted"
+            self._send(sender)
             if self.pace:
                 time.sleep(self.pace)
         if self.presettled and not self.to_send:
@@ -319,6 +348,18 @@ class _Stop(Handler):
 
     def on_timer_task(self, event: Any) -> None:
         self.container.stop()
+
+
+_TICK = 0.1  # seconds between a rate-paced producer's sends (Producer.rate)
+
+
+class _Pace(Handler):
+    def __init__(self, producer: Producer) -> None:
+        super().__init__()
+        self.producer = producer
+
+    def on_timer_task(self, event: Any) -> None:
+        self.producer.tick(event.container)
 
 
 class _Watch(Handler):

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -301,6 +302,86 @@ def test_a_broker_that_stops_answering_closes_its_clients_with_connection_forced
         assert client.view.errors == [("connection", "amqp:connection:forced")], client.view.errors
     finally:
         client.close()
+
+
+class _DurableProducer(Producer):
+    def open_links(self, event: Any) -> None:
+        super().open_links(event)
+        from proton import Terminus
+
+        self.sender.target.durability = Terminus.DELIVERIES
+
+
+def test_transfers_lost_with_a_hung_brokers_connection_leave_no_depth_behind(fresh_rabbitmq, qpid_flow_process) -> None:
+    """RabbitMQ hung (SIGSTOP) while producers sent: each client's upstream connection
+    ended on its idle timeout. What qpid-flow had written to it waited in the broker's
+    socket and was queued when the broker resumed; the producer's last few transfers
+    (one 0.1 s tick's worth, still queued on the upstream link, never written) never
+    reached it. They were counted as kept, so the depth stayed above the broker's queue
+    for good (8 with the queue empty and both consumers attached: within the bound the
+    depth plugin allows for the consumers' credit, so it never lowers it). What the
+    broker did not confirm on a lost connection leaves the depth.
+
+    The producers send a few messages every 0.1 s from a timer (``rate``): one that
+    sleeps between sends inside its handler (``pace``) stops its own container's I/O
+    and keep-alives, and sends in bursts of hundreds."""
+    import signal
+    import threading
+
+    queue = unique("hung-depth")
+    declare_durable_queue(fresh_rabbitmq.url, queue)
+    synced = fresh_rabbitmq.ctl("eval", "mnesia:sync_log().")
+    assert synced.returncode == 0, synced.stderr
+    address = f"/amq/queue/{queue}"
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        broker_url=fresh_rabbitmq.url,
+        config_text='reconnect_max_delay = "1s"\nidle_timeout = "6s"\n',
+        extra_args=["--admin", admin],
+    )
+    producers = []
+    for name in ("p", "q"):
+        messages = [make_message(name, i) for i in range(1000)]
+        for message in messages:
+            message.durable = True
+        producers.append(_DurableProducer(router.url, address, messages, timeout=300, rate=40, reconnect=0.5))
+    stop = threading.Event()
+    consumers = [Consumer(router.url, address, prefetch=20, timeout=300, stop=stop, reconnect=0.5) for _ in range(2)]
+    # Keep-alives asked of qpid-flow, and so of the broker (the client's idle timeout is
+    # mirrored upstream): a hung broker is then seen on each client's own connection.
+    for client in (*producers, *consumers):
+        client.heartbeat = 4.0
+    threads = start(*producers, *consumers)
+
+    def destination() -> dict[str, Any]:
+        with urllib.request.urlopen(admin_request(admin, "/v1/destinations"), timeout=10) as response:
+            return next(r for r in json.load(response)["destinations"] if r["name"] == queue)
+
+    try:
+        wait_until(lambda: sum(len(p.outcomes) for p in producers) >= 200, timeout=60)
+        beam = fresh_rabbitmq.pid
+        assert beam is not None
+        os.kill(beam, signal.SIGSTOP)
+        try:
+            time.sleep(25.0)  # fixed: hung longer than the clients' idle timeout, which sees it
+        finally:
+            os.kill(beam, signal.SIGCONT)
+        assert all(p.reconnects >= 1 for p in producers), "each producer was told amqp:connection:forced"
+        wait_until(lambda: all(len(p.outcomes) == len(p.messages) for p in producers), timeout=120)
+        assert [Counter(p.outcomes.values()) for p in producers] == [{"accepted": 1000}] * 2
+        sent = {m.id for p in producers for m in p.messages}
+        received = lambda: {r.message.id for c in consumers for r in list(c.received)}  # noqa: E731
+        wait_until(lambda: sent <= received(), timeout=60)
+        assert sent <= received(), len(sent - received())
+        # The queue is empty and the consumers still attached, with credit: the depth
+        # comes down to 0 (the depth plugin reads the broker every 2 s).
+        wait_until(lambda: destination()["depth"] == 0 and fresh_rabbitmq.queue_depth(queue) == 0, timeout=15)
+        record = destination()
+        assert (record["depth"], fresh_rabbitmq.queue_depth(queue)) == (0, 0), record
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
 
 
 def test_broker_killed_mid_stream_loses_nothing_accepted(fresh_rabbitmq, qpid_flow_process) -> None:
