@@ -449,7 +449,7 @@ def test_subscribers_of_a_topic_count_as_its_consumers(rabbitmq, qpid_flow_proce
         record = router.stat(address)
         assert (record["producers"], record["consumers"], record["depth"]) == (1, 2, 0)
         leaving.close()  # (RabbitMQ 3.10 does not answer a subscriber's detach)
-        wait_until(lambda: router.stat(address)["consumers"] == 1)
+        assert wait_until(lambda: router.stat(address)["consumers"] == 1), router.stat(address)
     finally:
         connection.close()
 
@@ -691,7 +691,7 @@ def test_a_broker_lost_with_no_client_connected_restarts_the_depth(fresh_rabbitm
         fresh_rabbitmq.kill()
     else:
         fresh_rabbitmq._halt_server(graceful_timeout=30)
-    wait_until(lambda: router.stat(name)["depth"] == 0, 30)
+    assert wait_until(lambda: router.stat(name)["depth"] == 0, 30), router.stat(name)
     assert router.stat(name)["flowStopped"] is False
     fresh_rabbitmq.restart()
     again = Producer(router.url, name, [make_message("q", i) for i in range(3)], timeout=120, reconnect=0.5)
