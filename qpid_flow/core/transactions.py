@@ -18,6 +18,7 @@ transaction is rolled back and the discharge is rejected with ``amqp:transaction
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -163,7 +164,12 @@ class Transaction:
         for destination, count, size in needs.values():
             if not is_current(destination):
                 return f"destination {destination.address!r} was deleted"
-            if destination.policy.when_full != "ring" and not destination.has_room_for_many(count, size):
+            if destination.policy.when_full == "ring":
+                continue  # a ring makes room
+            if destination.expiring and not destination.has_room_for_many(count, size):
+                # Expired messages hold no room (as StandaloneBackend.forward takes them out).
+                destination.expire(time.time())
+            if not destination.has_room_for_many(count, size):
                 return f"{count} messages do not fit: {destination.limit_description()}"
         return None
 

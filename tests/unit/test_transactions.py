@@ -70,6 +70,24 @@ def test_a_commit_is_refused_when_it_would_overfill_a_destination() -> None:
     assert ring_txn.commit_refusal(lambda d: True) is None  # a ring makes room
 
 
+def test_a_commit_is_not_refused_for_room_expired_messages_hold() -> None:
+    """An expired message is dequeued (SEMANTICS 7) whenever the sweep comes: a full
+    destination of expired messages refused a transaction's commit that a plain send made
+    after them was let in for."""
+    import time
+
+    destination = _destination("q", max_count=3)
+    for _ in range(3):
+        expired = Message(b"x", "q")
+        expired.expires = time.time() - 1
+        destination.enqueue(expired)
+    destination.expiring = True
+    txn = Transactions().declare("c1", None)
+    txn.stage_transfer(destination, Message(b"y", "q"))
+    assert txn.commit_refusal(lambda d: True) is None
+    assert (destination.expired, destination.depth) == (3, 0)
+
+
 def test_a_destination_counts_what_open_transactions_staged_for_it() -> None:
     """Flow control reads these: staged transfers will land at the commit, credit or not."""
     first, second = _destination("a"), _destination("b")
