@@ -1065,23 +1065,32 @@ class BrokerRouter(Router):
 
     def relay_address(self, producer: Producer, data: bytes) -> str | None:
         """A relay's ``to``; or a named link's target that names no single queue
-        (RabbitMQ's ``/queue``). Where the broker routes such an address by the message's
-        subject, the subject's queue, when qpid-flow knows that queue (a client attached
-        to it, or a policy names it): its depth and flow control then see the message, as
-        they see one sent to ``/queue/SUBJECT``. A subject naming no known queue passes
-        uncounted: the broker drops a message its default exchange cannot route, and
-        counted it would stay in a depth for good."""
+        (RabbitMQ's ``/queue``: see routed_address)."""
         route = self._producer_routes.get(producer.id)
         if route is not None and route.upstream is not None:
-            address: str | None = route.upstream.address
-        else:
-            address = codec.to_address(data)
-        if address and self._node(address).by_subject:
-            subject = codec.properties_field(data, "subject")
-            if isinstance(subject, str) and subject:
-                node = self._node(subject)
-                if node.is_queue and self.destinations.find(node.name) is not None:
-                    return subject
+            return route.upstream.address
+        return codec.to_address(data)
+
+    def routed_address(self, address: str, data: bytes) -> str:
+        """Where the broker routes a message to ``address`` by its subject (RabbitMQ's
+        ``/queue``: the default exchange, routing key = subject), the subject's queue, when
+        qpid-flow knows that queue (a client attached to it, or a policy names it): its
+        depth and flow control then see the message, as they see one sent to
+        ``/queue/SUBJECT``. Otherwise the address itself, uncounted: the broker drops a
+        message it cannot route, and counted it would stay in a depth for good. The
+        subject is a routing key, taken as written: ``/queue/X`` or ``a%2Fb`` name no
+        queue there."""
+        if not self._node(address).by_subject:
+            return address
+        subject = codec.properties_field(data, "subject")
+        if (
+            isinstance(subject, str)
+            and subject
+            and "/" not in subject
+            and "%2F" not in subject
+            and self.destinations.find(subject) is not None
+        ):
+            return subject
         return address
 
     def _dialect_found(self, dialect: Dialect) -> Dialect:

@@ -542,6 +542,11 @@ class Router(Handler):
         """Where a transfer of a link that names no single destination goes: its ``to``."""
         return codec.to_address(data)
 
+    def routed_address(self, address: str, data: bytes) -> str:
+        """The destination a transfer to ``address`` counts in: the address itself, but
+        where the broker routes it elsewhere (see BrokerRouter)."""
+        return address
+
     def _start_producer(self, link: Link, destination: Destination | None, grant: bool = True) -> Producer:
         """Count an opened producer link in, and give it its first credit (unless the
         caller has more to set up first)."""
@@ -875,9 +880,11 @@ class Router(Handler):
         producer.transfers += 1
         presettled = delivery.settled
         address = producer.address
+        routed_from = None
         if address is None:
             try:
                 address = self.relay_address(producer, data)
+                routed = self.routed_address(address, data) if address else None
             except codec.MalformedMessage as exc:
                 self._refuse_transfer(link, delivery, Message(data, "", producer.id), "amqp:decode-error", str(exc))
                 return
@@ -888,16 +895,22 @@ class Router(Handler):
                 )
                 return
             user = user_of(link.connection)
+            # The address as the producer wrote it: what it may send to is not decided by
+            # where the broker routes the message.
             if not self.access.allows(user, "send", self.acl_name(address)):
                 refused = Message(data, address, producer.id)
                 self._refuse_transfer(link, delivery, refused, UNAUTHORIZED, _not_allowed(user, "send", address))
                 return
+            if routed is not None and routed != address:
+                routed_from, address = address, routed
         destination = self.destination_for(address)
         if destination is None:
             refused = Message(data, address, producer.id)
             self._refuse_transfer(link, delivery, refused, "amqp:not-found", f"no destination {address!r}")
             return
         message = Message(data, destination.address, producer.id)
+        if routed_from is not None:
+            message.routed_from = routed_from
         if delivery.remote_state == TRANSACTIONAL_STATE and not self._join_transaction(link, delivery, message):
             self._refuse_transfer(link, delivery, message, UNKNOWN_ID, "the transfer names no open transaction")
             return

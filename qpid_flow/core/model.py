@@ -98,6 +98,7 @@ class Message:
         "properties_at",
         "queue_handle",
         "relayed_txn",
+        "routed_from",
         "sequence",
         "size",
         "txn",
@@ -142,6 +143,9 @@ class Message:
         # In front of a broker: the txn-id of a transactional transfer, relayed to the
         # broker with the transfer (the broker runs the transaction, not qpid-flow).
         self.relayed_txn: bytes | None = None
+        # In front of a broker: the address the producer wrote, where the broker routes the
+        # message to another destination (RabbitMQ's /queue, by the message's subject).
+        self.routed_from: str | None = None
         # Where the properties section starts, when something that walked the encoding
         # anyway found it (standalone reads expiry for every message): the message-id and
         # group-id are then read without walking the sections again. -1: not known.

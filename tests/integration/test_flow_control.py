@@ -413,10 +413,13 @@ def test_messages_rabbitmq_routes_by_subject_count_in_the_queue_it_names(rabbitm
     relay = Producer(router.url, None, by_subject("relay", 5, to="/queue"), timeout=60)
     nowhere = make_message("nowhere", 0, to="/queue")
     nowhere.subject = unique("no-such-queue")
-    unrouted = Producer(router.url, None, [nowhere], timeout=60)
+    # RabbitMQ takes the subject as a routing key as written: this one names no queue.
+    prefixed = make_message("nowhere", 1, to="/queue")
+    prefixed.subject = f"/queue/{name}"
+    unrouted = Producer(router.url, None, [nowhere, prefixed], timeout=60)
     threads = start(named, relay, unrouted)
-    assert wait_until_quiet([named, relay, unrouted]) == 1
-    assert unrouted.outcomes == {0: "accepted"}, "a subject naming no known queue is not held"
+    assert wait_until_quiet([named, relay, unrouted]) == 2
+    assert unrouted.outcomes == {0: "accepted", 1: "accepted"}, "a subject naming no known queue is not held"
     assert (named.outcomes, relay.outcomes) == ({}, {}), "held while the subject's queue is stopped"
     record = router.stat(name)
     assert record["flowStopped"] is True
@@ -427,6 +430,47 @@ def test_messages_rabbitmq_routes_by_subject_count_in_the_queue_it_names(rabbitm
     assert Counter(named.outcomes.values()) == {"accepted": 10}
     assert Counter(relay.outcomes.values()) == {"accepted": 5}
     assert router.stat(name)["depth"] == 0
+
+
+def test_what_a_producer_may_send_to_and_an_operators_stop_go_by_the_address_it_wrote(
+    rabbitmq, qpid_flow_process
+) -> None:
+    """Messages sent to RabbitMQ's /queue count in the queue their subject names, but
+    an ACL and an operator's stop apply to the address the producer wrote (docs/security.md:
+    the subject-routed /queue is matched as written). With send allowed on /queue only,
+    transfers were refused once qpid-flow knew the subject's queue; a stop of /queue no
+    longer held them."""
+    from proton.utils import BlockingConnection
+
+    name = unique("as-written")
+    admin = f"127.0.0.1:{free_port()}"
+    config = f'[[acl]]\nuser = "*"\nsend = ["/queue"]\nreceive = ["{name}"]\n'
+    process = qpid_flow_process(broker_url=rabbitmq.url, config_text=config, extra_args=["--admin", admin])
+    router = Router(process, admin)
+    consumer_connection = BlockingConnection(router.url, timeout=15)
+    try:
+        consumer_connection.create_receiver(f"/queue/{name}", credit=0)  # the queue is made, and known
+
+        def to_the_queue(producer: str, count: int) -> list[Message]:
+            messages = [make_message(producer, i) for i in range(count)]
+            for message in messages:
+                message.subject = name
+            return messages
+
+        allowed = Producer(router.url, "/queue", to_the_queue("allowed", 3))
+        run_all(allowed)
+        assert allowed.outcomes == dict.fromkeys(range(3), "accepted"), allowed.conditions
+        assert router.cli("producers", "stop", "/queue").returncode == 0
+        stopped = Producer(router.url, "/queue", to_the_queue("stopped", 3), timeout=60)
+        threads = start(stopped)
+        assert wait_until_quiet([stopped]) == 0, "held while /queue's producers are stopped"
+        assert router.cli("producers", "start", "/queue").returncode == 0
+        for thread in threads:
+            thread.join(30)
+        assert Counter(stopped.outcomes.values()) == {"accepted": 3}
+        assert router.stat(name)["depth"] == 6
+    finally:
+        consumer_connection.close()
 
 
 def test_subscribers_of_a_topic_count_as_its_consumers(rabbitmq, qpid_flow_process) -> None:

@@ -499,8 +499,11 @@ class Plugin:
     ) -> bool | None:
         if not producer.anonymous or settlement.outcome is not Outcome.ACCEPTED:
             return None
-        if self._stopped_patterns and self.stopped_by_operator(destination.address):
-            return True  # whatever the policy: an operator's stop holds every producer
+        if self._stopped_patterns and (
+            self.stopped_by_operator(destination.address)
+            or (message.routed_from is not None and self.stopped_by_operator(message.routed_from))
+        ):
+            return True  # whatever the policy: an operator's stop holds every producer (of the address it wrote too)
         policy = destination.policy
         if policy.when_full != "flow" or policy.settings.get("reject_after") is not None:
             return None
