@@ -355,6 +355,26 @@ def test_an_operator_stop_holds_the_producers_of_a_ring_destination_too() -> Non
     )
 
 
+def test_a_stop_of_the_address_a_producer_wrote_refuses_on_a_reject_destination() -> None:
+    """RabbitMQ routes a message sent to /queue to the queue its subject names: a stop of
+    /queue stops those producers as a stop of the queue would. On a reject destination the
+    transfer is refused, as there (its settlement was held instead, with no outcome until
+    an operator started /queue again)."""
+    hooks, registry, _, flow = setup({"destinations": {"q": {"limit_policy": "reject"}}})
+    relay = attach(registry, None)
+    queue = registry.get("q")
+    assert queue is not None
+    flow.stop_producers("/queue")
+    message = Message(b"m", "q")
+    message.routed_from = "/queue"
+    arrived = hooks.transfer_arrived(producer=relay, message=message, destination=queue)
+    assert isinstance(arrived, Reject)
+    assert arrived.description == "producers of '/queue' are stopped by an operator"
+    assert not isinstance(hooks.transfer_arrived(producer=relay, message=Message(b"m", "q"), destination=queue), Reject)
+    flow.start_producers("/queue")
+    assert not isinstance(hooks.transfer_arrived(producer=relay, message=message, destination=queue), Reject)
+
+
 def test_a_start_that_undoes_no_stop_is_refused_naming_the_stops_in_force() -> None:
     """``producers start PRICES.IBM`` after ``producers stop 'PRICES.>'`` starts nothing (the
     pattern still holds it): a KeyError (404 at the admin endpoint, exit 2 from the CLI)

@@ -352,6 +352,9 @@ class Plugin:
     def stopped_by_operator(self, address: str) -> bool:
         return any(p == address or pattern_matches(p, address) for p in self._stopped_patterns)
 
+    def _stopped(self, address: str | None) -> bool:
+        return address is not None and bool(self._stopped_patterns) and self.stopped_by_operator(address)
+
     @hookimpl
     def qpid_flow_producer_credit(self, producer: Producer, destination: Destination | None) -> int:
         need = self._memory_cap(window_need(self._window, producer), producer, destination)
@@ -401,7 +404,13 @@ class Plugin:
         if message.size > self._largest_seen:
             self._largest_seen = message.size
         policy = destination.policy
+        # An operator's stop of the address the producer wrote, where the broker routes the
+        # message to this destination (RabbitMQ's /queue by subject), stops it as a stop of
+        # this destination would: a reject policy refuses, reject_after waits and refuses.
+        stopped_as_written = message.routed_from is not None and self._stopped(message.routed_from)
         if policy.when_full == "reject":
+            if stopped_as_written:
+                return Reject(_stopped_by_operator(message.routed_from))
             if self._full_for(destination):
                 return Reject(self._full(destination))
             return self._memory_hold(producer, message)
@@ -412,7 +421,7 @@ class Plugin:
             # A ring never stops its producers, but an operator's stop (seed 004) holds them.
             return self._operator_hold(producer, destination) or self._memory_hold(producer, message)
         entry = self._entry(destination)
-        if not self._full_for(destination):
+        if not stopped_as_written and not self._full_for(destination):
             entry.deadlines.pop(message.sequence, None)
             return self._memory_hold(producer, message)
         now = self._clock()
@@ -427,7 +436,8 @@ class Plugin:
         remaining = deadline - now
         if remaining <= _TIMER_SLACK:
             del entry.deadlines[message.sequence]
-            return Reject(f"{self._full(destination)}; waited {reject_after:g}s")
+            full = _stopped_by_operator(message.routed_from) if stopped_as_written else self._full(destination)
+            return Reject(f"{full}; waited {reject_after:g}s")
         self._wake_at(destination, entry, remaining)
         return Hold("flow stopped")
 
@@ -503,7 +513,9 @@ class Plugin:
             self.stopped_by_operator(destination.address)
             or (message.routed_from is not None and self.stopped_by_operator(message.routed_from))
         ):
-            return True  # whatever the policy: an operator's stop holds every producer (of the address it wrote too)
+            # Whatever the policy: an operator's stop holds every producer, by the address it
+            # wrote too. (reject and reject_after refused theirs on arrival: none comes here.)
+            return True
         policy = destination.policy
         if policy.when_full != "flow" or policy.settings.get("reject_after") is not None:
             return None
@@ -518,7 +530,7 @@ class Plugin:
     def _full(self, destination: Destination) -> str:
         limits = self._entry(destination).state.limits
         if self.stopped_by_operator(destination.address):
-            return f"producers of {destination.address!r} are stopped by an operator"
+            return _stopped_by_operator(destination.address)
         staged = (
             f" (+ {destination.staged_count} messages / {destination.staged_bytes} bytes in open transactions)"
             if destination.staged_count
@@ -598,3 +610,7 @@ class Plugin:
             "transfersHeld": held,  # unforwarded, unsettled, waiting for room (any cause)
             **state.limits.as_dict(),
         }
+
+
+def _stopped_by_operator(address: str | None) -> str:
+    return f"producers of {address!r} are stopped by an operator"
