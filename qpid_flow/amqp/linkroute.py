@@ -1074,23 +1074,19 @@ class BrokerRouter(Router):
     def routed_address(self, address: str, data: bytes) -> str:
         """Where the broker routes a message to ``address`` by its subject (RabbitMQ's
         ``/queue``: the default exchange, routing key = subject), the subject's queue, when
-        qpid-flow knows that queue (a client attached to it, or a policy names it): its
-        depth and flow control then see the message, as they see one sent to
-        ``/queue/SUBJECT``. Otherwise the address itself, uncounted: the broker drops a
-        message it cannot route, and counted it would stay in a depth for good. The
-        subject is a routing key, taken as written: ``/queue/X`` or ``a%2Fb`` name no
-        queue there."""
+        qpid-flow knows the broker has it (a link to it the broker took is open, or
+        messages are counted in it; a policy naming it does not say so): its depth and flow
+        control then see the message, as they see one sent to ``/queue/SUBJECT``.
+        Otherwise the address itself, uncounted: the broker drops a message it cannot
+        route, and counted it would stay in a depth for good. The subject is a routing
+        key, taken as written: ``/queue/X`` or ``a%2Fb`` name no queue there."""
         if not self._node(address).by_subject:
             return address
         subject = codec.properties_field(data, "subject")
-        if (
-            isinstance(subject, str)
-            and subject
-            and "/" not in subject
-            and "%2F" not in subject
-            and self.destinations.find(subject) is not None
-        ):
-            return subject
+        if isinstance(subject, str) and subject and "/" not in subject and "%2F" not in subject:
+            queue = self.destinations.find(subject)
+            if queue is not None and _at_the_broker(queue):
+                return subject
         return address
 
     def _dialect_found(self, dialect: Dialect) -> Dialect:
@@ -1633,6 +1629,20 @@ def upstream_credit_change(client_credit: int, pending: int, upstream_credit: in
     2^32: the broker pushed qpid-flow its whole queue. Raising it to 0 tells the broker to
     stop."""
     return max(client_credit - pending, 0) - upstream_credit
+
+
+def _at_the_broker(destination: Destination) -> bool:
+    """Whether the broker is known to have the queue ``destination`` names: a link to it
+    the broker took is open (a producer's, a consumer's, qpid-flow's reader's), or
+    messages the broker took are counted in it. One a policy names may not exist there:
+    the broker drops what is routed to it, and counted it would stop the destination."""
+    return bool(
+        destination.producers
+        or destination.mirrored
+        or destination.consumers
+        or destination.depth
+        or destination.in_flight
+    )
 
 
 def _ended_by_broker(link: Link) -> bool:

@@ -82,6 +82,10 @@ __all__ = ["Router"]
 
 log = structlog.get_logger(__name__)
 
+_EXPIRED_WHILE_HELD = Settlement(
+    Outcome.ACCEPTED, "qpid-flow:expired", "its time to live ran out while flow control held it"
+)
+
 ANONYMOUS_RELAY = "ANONYMOUS-RELAY"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 UNAUTHORIZED = "amqp:unauthorized-access"
@@ -1153,7 +1157,9 @@ class Router(Handler):
         if aged is None:
             destination.expired += 1
             log.debug("held_transfer_expired", address=destination.address)
-            self._producer_outcome(message, Settlement.accepted())
+            # Accepted, as the producer hears it; the condition, which an accepted outcome
+            # does not carry on the wire, tells plugins (the event log) why it went no further.
+            self._producer_outcome(message, _EXPIRED_WHILE_HELD)
             return True
         if aged is not message.data:
             message.data, message.size = aged, len(aged)

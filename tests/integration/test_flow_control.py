@@ -282,14 +282,17 @@ def test_reject_after_admits_what_waited_if_space_comes_in_time(start_router) ->
     assert router.stat(name)["refused"] == 0
 
 
-def test_a_time_to_live_counts_from_arrival_while_flow_control_holds_the_transfer(start_router) -> None:
+def test_a_time_to_live_counts_from_arrival_while_flow_control_holds_the_transfer(start_router, tmp_path) -> None:
     """A header's ttl counts from the transfer's arrival (AMQP 1.0 3.2.1), not from when a
     stopped destination lets it in. The four held past the stop threshold have a 1 s ttl
     and wait 2 s: admitted when flow resumes, they expire, never delivered; the eleven
     admitted at once (no ttl) arrive. In front of a broker they went on with their whole
-    ttl, and a consumer got them seconds after they had expired."""
+    ttl, and a consumer got them seconds after they had expired. The event log says so in
+    both modes (condition qpid-flow:expired); in front of a broker it said nothing of it."""
     name = unique("ttl-held")
+    events = tmp_path / "events.jsonl"
     router = start_router(
+        f'events = "{events}"\n'
         f'[destinations."{name}"]\nreject_after = "30s"\nflow_stop_count = 10\nflow_resume_count = 5\n',
     )
     messages = [make_message("p", i) for i in range(15)]
@@ -307,6 +310,12 @@ def test_a_time_to_live_counts_from_arrival_while_flow_control_holds_the_transfe
     assert sorted(r.message.properties["index"] for r in consumer.received) == list(range(11))
     record = router.stat(name)
     assert (record["expired"], record["depth"]) == (4, 0)
+
+    def expired_in_the_log() -> int:
+        lines = events.read_text().splitlines() if events.exists() else []
+        return sum('"qpid-flow:expired"' in line and f'"{name}"' in line for line in lines)
+
+    assert wait_until(lambda: expired_in_the_log() >= 4, timeout=10) and expired_in_the_log() == 4
 
 
 def test_ring_keeps_the_newest_max_count(qpid_flow_process) -> None:
@@ -394,9 +403,12 @@ def test_messages_rabbitmq_routes_by_subject_count_in_the_queue_it_names(rabbitm
     20 of 20 were accepted at once, on a named link and on an anonymous-relay one alike. They
     are now held back per transfer, as an anonymous-relay producer's are; a subject naming
     no queue qpid-flow knows passes (the broker drops what it cannot route)."""
-    name = unique("by-subject")
+    name, ghost = unique("by-subject"), unique("not-at-the-broker")
     admin = f"127.0.0.1:{free_port()}"
-    config = f'[destinations."{name}"]\nflow_stop_count = 3\nflow_resume_count = 1\n'
+    config = (
+        f'[destinations."{name}"]\nflow_stop_count = 3\nflow_resume_count = 1\n'
+        f'[destinations."{ghost}"]\nflow_stop_count = 1\nflow_resume_count = 1\n'
+    )
     process = qpid_flow_process(broker_url=rabbitmq.url, config_text=config, extra_args=["--admin", admin])
     router = Router(process, admin)
     filler = Producer(router.url, f"/queue/{name}", [make_message("filler", i) for i in range(4)])
@@ -416,10 +428,15 @@ def test_messages_rabbitmq_routes_by_subject_count_in_the_queue_it_names(rabbitm
     # RabbitMQ takes the subject as a routing key as written: this one names no queue.
     prefixed = make_message("nowhere", 1, to="/queue")
     prefixed.subject = f"/queue/{name}"
-    unrouted = Producer(router.url, None, [nowhere, prefixed], timeout=60)
+    # A policy names this one, but the broker has no such queue: it drops what goes there.
+    ghosts = [make_message("nowhere", i, to="/queue") for i in range(2, 5)]
+    for message in ghosts:
+        message.subject = ghost
+    unrouted = Producer(router.url, None, [nowhere, prefixed, *ghosts], timeout=60)
     threads = start(named, relay, unrouted)
-    assert wait_until_quiet([named, relay, unrouted]) == 2
-    assert unrouted.outcomes == {0: "accepted", 1: "accepted"}, "a subject naming no known queue is not held"
+    assert wait_until_quiet([named, relay, unrouted]) == 5
+    assert unrouted.outcomes == dict.fromkeys(range(5), "accepted"), "a subject naming no known queue is not held"
+    assert router.stat(ghost)["depth"] == 0
     assert (named.outcomes, relay.outcomes) == ({}, {}), "held while the subject's queue is stopped"
     record = router.stat(name)
     assert record["flowStopped"] is True
