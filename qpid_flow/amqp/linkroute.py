@@ -732,6 +732,7 @@ class BrokerRouter(Router):
                 if destination is None:  # auto_create = false and no policy names it
                     self._end_pair(client, upstream, Condition("amqp:not-found", f"no destination {address!r}"))
                     return
+                destination.at_broker = True
             # else (RabbitMQ's /queue) each message goes where its subject says: a link of
             # many destinations, held back per transfer as an anonymous-relay link is.
             producer = self._start_producer(client, destination, grant=False)
@@ -746,6 +747,7 @@ class BrokerRouter(Router):
                 # RabbitMQ declares the queue a source names with the source's durability,
                 # and refuses a non-durable ask for a durable queue.
                 self.reader_durability[destination.address] = client.remote_source.durability
+                destination.at_broker = True
                 consumer = self._start_consumer(client, destination, selector, browser)
                 # Credit the client gave while the broker was answering the probe.
                 destination.credit_changed(consumer, pn_link_credit(client._impl))
@@ -764,6 +766,7 @@ class BrokerRouter(Router):
                     connection_id=client.connection.qf_id,
                 )
                 route.destination.mirrored.add(route)
+                route.destination.at_broker = True
             elif (address := client.remote_source.address) and not client.remote_source.dynamic:
                 # A topic or exchange: no depth, but its consumers count (statistics).
                 subscribed = self.destination_for(address)
@@ -1074,8 +1077,9 @@ class BrokerRouter(Router):
     def routed_address(self, address: str, data: bytes) -> str:
         """Where the broker routes a message to ``address`` by its subject (RabbitMQ's
         ``/queue``: the default exchange, routing key = subject), the subject's queue, when
-        qpid-flow knows the broker has it (a link to it the broker took is open, or
-        messages are counted in it; a policy naming it does not say so): its depth and flow
+        qpid-flow knows the broker has it (the broker took a link to it, a producer's, a
+        consumer's or qpid-flow's reader's: RabbitMQ keeps a queue when its links go; a
+        policy naming it does not say so): its depth and flow
         control then see the message, as they see one sent to ``/queue/SUBJECT``.
         Otherwise the address itself, uncounted: the broker drops a message it cannot
         route, and counted it would stay in a depth for good. The subject is a routing
@@ -1085,7 +1089,7 @@ class BrokerRouter(Router):
         subject = codec.properties_field(data, "subject")
         if isinstance(subject, str) and subject and "/" not in subject and "%2F" not in subject:
             queue = self.destinations.find(subject)
-            if queue is not None and _at_the_broker(queue):
+            if queue is not None and queue.at_broker:
                 return subject
         return address
 
@@ -1629,20 +1633,6 @@ def upstream_credit_change(client_credit: int, pending: int, upstream_credit: in
     2^32: the broker pushed qpid-flow its whole queue. Raising it to 0 tells the broker to
     stop."""
     return max(client_credit - pending, 0) - upstream_credit
-
-
-def _at_the_broker(destination: Destination) -> bool:
-    """Whether the broker is known to have the queue ``destination`` names: a link to it
-    the broker took is open (a producer's, a consumer's, qpid-flow's reader's), or
-    messages the broker took are counted in it. One a policy names may not exist there:
-    the broker drops what is routed to it, and counted it would stop the destination."""
-    return bool(
-        destination.producers
-        or destination.mirrored
-        or destination.consumers
-        or destination.depth
-        or destination.in_flight
-    )
 
 
 def _ended_by_broker(link: Link) -> bool:

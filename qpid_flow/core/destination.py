@@ -136,6 +136,8 @@ class Destination:
         # In front of a broker: consumers of an address that is no queue (an exchange, a
         # topic), each reading a queue of its own the broker made: counted, with no depth.
         self.subscribers = 0
+        # In front of a broker: the broker is known to have this queue (it took a link to it).
+        self.at_broker = False
         # In front of a broker: consumers gone with messages unsettled that the broker
         # still holds for them (as unacknowledged, not ready) until their session ends.
         self.left_unsettled: list[LeftUnsettled] = []

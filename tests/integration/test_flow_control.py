@@ -403,11 +403,12 @@ def test_messages_rabbitmq_routes_by_subject_count_in_the_queue_it_names(rabbitm
     20 of 20 were accepted at once, on a named link and on an anonymous-relay one alike. They
     are now held back per transfer, as an anonymous-relay producer's are; a subject naming
     no queue qpid-flow knows passes (the broker drops what it cannot route)."""
-    name, ghost = unique("by-subject"), unique("not-at-the-broker")
+    name, ghost, idle = unique("by-subject"), unique("not-at-the-broker"), unique("no-link-left")
     admin = f"127.0.0.1:{free_port()}"
     config = (
         f'[destinations."{name}"]\nflow_stop_count = 3\nflow_resume_count = 1\n'
         f'[destinations."{ghost}"]\nflow_stop_count = 1\nflow_resume_count = 1\n'
+        f'[destinations."{idle}"]\nflow_stop_count = 2\nflow_resume_count = 1\n'
     )
     process = qpid_flow_process(broker_url=rabbitmq.url, config_text=config, extra_args=["--admin", admin])
     router = Router(process, admin)
@@ -447,6 +448,18 @@ def test_messages_rabbitmq_routes_by_subject_count_in_the_queue_it_names(rabbitm
     assert Counter(named.outcomes.values()) == {"accepted": 10}
     assert Counter(relay.outcomes.values()) == {"accepted": 5}
     assert router.stat(name)["depth"] == 0
+    # A queue whose last link went is still the broker's: counted, though no link is open.
+    run_all(Consumer(router.url, f"/queue/{idle}", idle_stop=0.5))  # RabbitMQ makes the queue
+    later = [make_message("later", i, to="/queue") for i in range(4)]
+    for message in later:
+        message.subject = idle
+    late = Producer(router.url, None, later, timeout=60)
+    threads = start(late)
+    assert wait_until_quiet([late]) == 2, "those in before the stop settle, the later ones wait"
+    run_all(Consumer(router.url, f"/queue/{idle}", count=4, prefetch=4))
+    for thread in threads:
+        thread.join(30)
+    assert Counter(late.outcomes.values()) == {"accepted": 4}
 
 
 def test_what_a_producer_may_send_to_and_an_operators_stop_go_by_the_address_it_wrote(
