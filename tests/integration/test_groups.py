@@ -460,6 +460,23 @@ def test_a_consumer_holding_a_group_is_detached_when_the_reader_connection_is_lo
                 connection.close()
 
 
+def expire_behind_the_owner(connection: Any, address: str) -> None:
+    """A1, A2 (time to live 0.5 s), A3 of group A: A2 waits behind A1, out to a consumer, for
+    2 s, and the consumer gets A3 next, never A2."""
+    sender = connection.create_sender(address)
+    for n in (1, 2, 3):
+        message = Message(body=f"A{n}", group_id="A")
+        if n == 2:
+            message.ttl = 0.5
+        sender.send(message)
+    receiver = connection.create_receiver(address, credit=0)  # one at a time: each receive asks for one
+    assert receiver.receive(timeout=15).body == "A1"
+    time.sleep(2.0)  # A2's time to live runs out while A1 holds the group
+    receiver.accept()
+    assert receiver.receive(timeout=15).body == "A3"
+    receiver.accept()
+
+
 def test_a_message_that_expires_waiting_behind_its_group_is_never_delivered(router_url) -> None:
     """A1 is out to a consumer; A2, with a time to live of 0.5 s, waits behind it (same
     group) for 2 s. RabbitMQ alone drops A2, and so does standalone qpid-flow. In front of
@@ -471,18 +488,7 @@ def test_a_message_that_expires_waiting_behind_its_group_is_never_delivered(rout
     router = router_url(grouped_config(address))
     connection = BlockingConnection(router.url, timeout=15)
     try:
-        sender = connection.create_sender(address)
-        for n in (1, 2, 3):
-            message = Message(body=f"A{n}", group_id="A")
-            if n == 2:
-                message.ttl = 0.5
-            sender.send(message)
-        receiver = connection.create_receiver(address, credit=0)  # one at a time: each receive asks for one
-        assert receiver.receive(timeout=15).body == "A1"
-        time.sleep(2.0)  # A2's time to live runs out while A1 holds the group
-        receiver.accept()
-        assert receiver.receive(timeout=15).body == "A3"
-        receiver.accept()
+        expire_behind_the_owner(connection, address)
     finally:
         connection.close()
 
@@ -534,18 +540,7 @@ def test_a_grouped_message_that_expires_in_qpid_flow_is_dead_lettered_as_the_bro
     router = qpid_flow_process(broker_url=rabbitmq.url, config_text=grouped_config(address))
     connection = BlockingConnection(router.url, timeout=15)
     try:
-        sender = connection.create_sender(f"/amq/queue/{address}")
-        for n in (1, 2, 3):
-            message = Message(body=f"A{n}", group_id="A")
-            if n == 2:
-                message.ttl = 0.5
-            sender.send(message)
-        receiver = connection.create_receiver(f"/amq/queue/{address}", credit=0)
-        assert receiver.receive(timeout=15).body == "A1"
-        time.sleep(2.0)  # A2's time to live runs out while A1 holds the group
-        receiver.accept()
-        assert receiver.receive(timeout=15).body == "A3"
-        receiver.accept()
+        expire_behind_the_owner(connection, f"/amq/queue/{address}")
     finally:
         connection.close()
     reasons: list[str] = []
