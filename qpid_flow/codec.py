@@ -370,10 +370,7 @@ def earlier_deliveries(buf: bytes) -> int:
     its header tells: its ``delivery-count`` (failed deliveries; 0 when absent), and at
     least 1 when ``first-acquirer`` is false (RabbitMQ marks a message released and
     delivered again so, its delivery-count unchanged: AMQP does not count a release)."""
-    try:
-        header = _header(buf)
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    header = _read_header(buf)
     if header is None:
         return 0
     first_acquirer, count = header[0][3], header[0][4]
@@ -533,13 +530,18 @@ def identity(buf: bytes, properties: int | None = -1) -> tuple[Any, Any]:
         raise MalformedMessage(f"malformed message encoding: {exc}") from exc
 
 
+def _read_header(buf: bytes) -> tuple[list[Any], int] | None:
+    """:func:`_header`, with a broken encoding raised as MalformedMessage."""
+    try:
+        return _header(buf)
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+
+
 def redelivered(buf: bytes, failed_attempts: int) -> bytes:
     """The message as it goes out again: ``delivery-count`` raised by ``failed_attempts``
     and ``first-acquirer`` false (AMQP 1.0 3.2.1). Unchanged bytes when neither changes."""
-    try:
-        header = _header(buf)
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    header = _read_header(buf)
     empty: list[Any] = [None] * _HEADER_FIELD_COUNT
     fields, rest = header if header is not None else (empty, 0)
     if not failed_attempts and fields[3] is not True:
@@ -551,10 +553,7 @@ def redelivered(buf: bytes, failed_attempts: int) -> bytes:
 
 def header_ttl(buf: bytes) -> int | None:
     """The header's ``ttl`` in milliseconds, or None when it has none."""
-    try:
-        header = _header(buf)
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    header = _read_header(buf)
     ttl = header[0][_TTL] if header is not None else None
     return ttl if isinstance(ttl, int) and ttl > 0 else None
 
@@ -569,10 +568,7 @@ def aged(buf: bytes, received: float, now: float) -> bytes | None:
         return buf
     if expires <= now:
         return None
-    try:
-        header = _header(buf)
-    except (IndexError, struct.error, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"malformed message encoding: {exc}") from exc
+    header = _read_header(buf)
     waited = int((now - received) * 1000)
     if header is None or waited <= 0:
         return buf

@@ -182,6 +182,14 @@ class Destination:
             return False
         return not (max_size and self.bytes + message.size > max_size)
 
+    def expire_to_fit(self, count: int, size: int) -> None:
+        """An expired message is dequeued whenever the sweep comes and holds no room: when
+        ``count`` more messages of ``size`` bytes would not fit, the expired ones go now
+        (a full ring dropped a live message and kept one that had expired; a full queue
+        refused a message, or a transaction's commit, that would have fitted)."""
+        if not self.has_room_for_many(count, size):
+            self.expire(time.time())
+
     def room_by_dropping_waiting(self, message: Message) -> bool:
         """Whether dropping waiting messages can make room for ``message``: not if it is
         larger than ``max_size`` alone."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from qpid_flow import codec
@@ -35,11 +34,8 @@ class StandaloneBackend:
                 message.expires = None  # the router refuses what no client could decode
         if message.expires is not None:
             destination.expiring = True
-        if destination.expiring and not destination.has_room_for(message):
-            # An expired message is dequeued, whenever the sweep comes: it holds no room. (A
-            # full ring dropped a live message and kept one that had expired; a full queue
-            # refused a message that would have fitted.)
-            destination.expire(time.time())
+        if destination.expiring:
+            destination.expire_to_fit(1, message.size)
         # A ring keeps the newest messages: make room by dropping the oldest waiting, unless
         # no dropping can (a message larger than max_size): then it is refused and nothing
         # is lost, as qpidd's ring does.

@@ -18,7 +18,6 @@ transaction is rolled back and the discharge is rejected with ``amqp:transaction
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -166,9 +165,8 @@ class Transaction:
                 return f"destination {destination.address!r} was deleted"
             if destination.policy.when_full == "ring":
                 continue  # a ring makes room
-            if destination.expiring and not destination.has_room_for_many(count, size):
-                # Expired messages hold no room (as StandaloneBackend.forward takes them out).
-                destination.expire(time.time())
+            if destination.expiring:
+                destination.expire_to_fit(count, size)
             if not destination.has_room_for_many(count, size):
                 return f"{count} messages do not fit: {destination.limit_description()}"
         return None
