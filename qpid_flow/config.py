@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -431,30 +432,53 @@ def _once(given_as: dict[str, str], setting: str, key: str, where: str, raw: Any
         raise ConfigError(f"{where}.{key}", raw, f"sets {setting} as {earlier} already does: give one of them")
 
 
+# Pattern segments are separated by "." (ActiveMQ's separator) or "/" (the separator of
+# broker address forms such as RabbitMQ's ``/exchange/amq.topic/a.b``), so that
+# ``/topic/>`` can name every topic address. A separator must match the same separator.
+_SEPARATORS = re.compile(r"([./])")
+
+
+def _segments(name: str) -> list[str]:
+    """``name`` split at its separators, the separators kept (at the odd indices)."""
+    return _SEPARATORS.split(name)
+
+
 def check_pattern(pattern: str, where: str) -> None:
     """A ConfigError naming ``where`` unless ``pattern`` is a name or an ActiveMQ pattern."""
-    segments = pattern.split(".")
-    if not pattern or any(s == "" for s in segments):
+    if not pattern or any(s == "" for s in pattern.split(".")):
         raise ConfigError(where, pattern, "a destination name or pattern needs non-empty '.'-separated segments")
-    if ">" in segments[:-1]:
+    if ">" in _segments(pattern)[:-1]:
         raise ConfigError(where, pattern, "'>' may only be the last segment")
 
 
+@lru_cache(maxsize=4096)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    parts = []
+    for segment in _segments(pattern):
+        if segment == "*":
+            parts.append(r"[^./]+")
+        elif segment == ">":
+            parts.append(r".+")
+        else:
+            parts.append(re.escape(segment))
+    return re.compile("".join(parts), re.DOTALL)
+
+
 def pattern_matches(pattern: str, address: str) -> bool:
-    """ActiveMQ wildcards: ``*`` matches one segment, a final ``>`` the rest (one or more)."""
-    p = pattern.split(".")
-    a = address.split(".")
-    for i, seg in enumerate(p):
-        if seg == ">":
-            return len(a) > i
-        if i >= len(a) or (seg != "*" and seg != a[i]):
-            return False
-    return len(a) == len(p)
+    """ActiveMQ wildcards: ``*`` matches one segment, a final ``>`` the rest (one or more).
+    Segments are separated by ``.`` or ``/``."""
+    return _compiled(pattern).fullmatch(address) is not None
+
+
+def matches_any(pattern: str, forms: Iterable[str]) -> bool:
+    """Does ``pattern`` name (exactly or as a pattern) any of ``forms``: the addresses one
+    destination may be written as (see :meth:`qpid_flow.core.dialect.Dialect.address_forms`)."""
+    return any(pattern == form or pattern_matches(pattern, form) for form in forms)
 
 
 def is_pattern(name: str) -> bool:
-    """True for a wildcard pattern (``orders.*``, ``PRICES.>``), False for a plain name."""
-    return any(segment in ("*", ">") for segment in name.split("."))
+    """True for a wildcard pattern (``orders.*``, ``PRICES.>``, ``/topic/>``), False for a plain name."""
+    return any(segment in ("*", ">") for segment in _segments(name))
 
 
 def _specificity(pattern: str) -> tuple[int, int, int, tuple[bool, ...]]:
@@ -462,7 +486,7 @@ def _specificity(pattern: str) -> tuple[int, int, int, tuple[bool, ...]]:
     ``>``, then more segments, then the leftmost literal (``a.*`` over ``*.b`` for
     ``a.b``). The last key settles every tie between two patterns matching one address,
     so the file's order (or the order policies were set at runtime) never decides."""
-    segments = pattern.split(".")
+    segments = _segments(pattern)[::2]
     is_literal = tuple(s not in ("*", ">") for s in segments)
     return (sum(is_literal), 0 if ">" in segments else 1, len(segments), is_literal)
 
@@ -601,13 +625,19 @@ class RouterConfig:
 
 
 def resolve_policy(
-    policies: Mapping[str, DestinationPolicy], address: str, base: DestinationPolicy
+    policies: Mapping[str, DestinationPolicy],
+    address: str,
+    base: DestinationPolicy,
+    forms: Iterable[str] = (),
 ) -> DestinationPolicy:
-    """The policy of ``policies`` that applies to ``address``, over ``base``."""
+    """The policy of ``policies`` that applies to ``address``, over ``base``. A pattern
+    may also match one of ``forms``, the other addresses the destination may be written
+    as (RabbitMQ's ``/queue/X`` for queue ``X``): ``/queue/>`` names every queue."""
     exact = policies.get(address)
     if exact is not None:
         return exact.merged_over(base)
-    matching = [p for p in policies if pattern_matches(p, address)]
+    names = (address, *forms)
+    matching = [p for p in policies if is_pattern(p) and matches_any(p, names)]
     if not matching:
         return base
     return policies[max(matching, key=_specificity)].merged_over(base)

@@ -126,6 +126,10 @@ class AdminOperations(Protocol):
         """One record per destination (``name``, ``depth``, ``bytes``, ``flowStopped``, ...)."""
         ...
 
+    def stat_of(self, name: str) -> dict[str, Any] | None:
+        """The record of the destination ``name`` names (as ``add_destination`` reads it), or None."""
+        ...
+
     def add_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         """Add or replace the policy ``name`` (TOML keys); raises ConfigError on a bad value."""
         ...
@@ -605,9 +609,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     @staticmethod
     def _one_destination(admin: AdminServer, name: str) -> dict[str, Any]:
-        for record in admin.call(admin.operations.stat):
-            if record.get("name") == name:
-                return record
+        record = admin.call(lambda: admin.operations.stat_of(name))
+        if record is not None:
+            return record
         raise _Reply(HTTPStatus.NOT_FOUND, {"error": f"no destination {name!r}"})
 
     @staticmethod

@@ -68,6 +68,13 @@ class Operations:
     def stat(self) -> list[dict[str, Any]]:
         return sorted((d.stats() for d in self._destinations), key=lambda r: r["name"])
 
+    def stat_of(self, name: str) -> dict[str, Any] | None:
+        """The statistics of the destination ``name`` names (in front of RabbitMQ,
+        ``/queue/orders`` is ``orders``, as for ``config add``), or None."""
+        named = self._router.destination_name(name) if self._router is not None else name
+        destination = self._destinations.find(named)
+        return destination.stats() if destination is not None else None
+
     def _named(self, name: str) -> str:
         """A policy name or pattern as destinations are named (in front of RabbitMQ,
         ``/queue/orders`` is ``orders``): a policy under the address form would match no

@@ -1063,6 +1063,9 @@ class BrokerRouter(Router):
         node = self._node(address)
         return node.name if node.is_queue else address  # /queue/x and x are one queue
 
+    def address_forms(self, name: str) -> tuple[str, ...]:
+        return self.dialect.address_forms(name) if self.dialect is not None else (name,)
+
     def destination_for(self, address: str) -> Destination | None:
         return self.destinations.get(self._node(address).name)
 
@@ -1099,14 +1102,16 @@ class BrokerRouter(Router):
         form of the broker's (``/queue/orders``) move to the queue it stands for
         (``orders``), as a runtime policy change is named (``policy_name_mapped``): under
         the address form a policy matched no destination and made one of its own, which no
-        producer ever reached."""
+        producer ever reached. Patterns stay as written: from now on they match each
+        address form of a name (``/queue/>`` every queue, and no topic)."""
         self.dialect = dialect
         self._nodes.clear()
         log.info("broker_dialect", dialect=dialect.name)
         registry = self.destinations
+        self.access.address_forms = dialect.address_forms
         for name in list(registry.policies):
             node = dialect.node(name)
-            if not node.is_queue or node.name == name:
+            if is_pattern(name) or not node.is_queue or node.name == name:
                 continue
             policy = registry.policies.pop(name)
             stale = registry.find(name)
@@ -1119,6 +1124,8 @@ class BrokerRouter(Router):
             registry.set_policy(node.name, policy)
             if not is_pattern(node.name):
                 registry.get(node.name)  # a named destination exists once configured
+        # Before the first client is routed: no consumer has a route a change could move.
+        registry.use_address_forms(dialect.address_forms)
         return dialect
 
     def _node(self, address: str) -> Node:

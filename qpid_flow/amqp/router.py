@@ -55,6 +55,7 @@ from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.messages import with_message_annotations
 from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, apply_settlement, apply_transactional, remote_settlement
 from qpid_flow.amqp.timers import Call
+from qpid_flow.config import is_pattern
 from qpid_flow.core.credit import window_need
 from qpid_flow.core.jms_selector import (
     SELECTOR_FILTER_CODE,
@@ -384,8 +385,14 @@ class Router(Handler):
     def destination_name(self, address: str) -> str:
         """The destination name ``address`` stands for, as policies, ACLs and statistics
         name it: the address itself standalone; in front of a broker, as the broker reads
-        it (RabbitMQ's ``/queue/X`` is ``X``)."""
-        return self.acl_name(address)
+        it (RabbitMQ's ``/queue/X`` is ``X``). A pattern stays as written: it matches
+        every address form of a name (:meth:`address_forms`)."""
+        return address if is_pattern(address) else self.acl_name(address)
+
+    def address_forms(self, name: str) -> tuple[str, ...]:
+        """Every address that names destination ``name``, ``name`` first: standalone, the
+        name alone; in front of RabbitMQ, queue ``X`` is also ``/queue/X`` and ``/amq/queue/X``."""
+        return (name,)
 
     def refuse_unauthorized_link(self, link: Link, direction: Direction, address: str) -> bool:
         """Refuse an attach the ACL does not allow; True if it was refused."""

@@ -57,6 +57,11 @@ class Dialect(Protocol):
         queue as it is, declaring nothing."""
         ...
 
+    def address_forms(self, name: str) -> tuple[str, ...]:
+        """Every address that names destination ``name`` (``name`` first): the spellings
+        a pattern (policy, ACL, operator stop) may be written against."""
+        ...
+
 
 # The prefixes whose single segment that follows is a queue name (RabbitMQ unescapes it).
 _QUEUE_PREFIXES = ("/queue/", "/amq/queue/")
@@ -70,6 +75,10 @@ _SUBJECT_ROUTED = "/queue"
 
 def _unescape(name: str) -> str:
     return name.replace("%2F", "/")  # as RabbitMQ does: this one escape, upper case only
+
+
+def _escape(name: str) -> str:
+    return name.replace("/", "%2F")
 
 
 class RabbitMQDialect:
@@ -100,11 +109,20 @@ class RabbitMQDialect:
     def existing_queue(self, name: str) -> str:
         # /amq/queue/ declares nothing: read by a plain name (or /queue/), a queue declared
         # with arguments (a dead-letter exchange) or durable refuses the declaration
-        # (precondition-failed) and ends the reader's session. A name that /amq/queue/
-        # cannot spell exactly (a "/" in it) is read as named.
-        if not name or "/" in name or "%2F" in name:
+        # (precondition-failed) and ends the reader's session. A "/" in the name is spelt
+        # %2F (RabbitMQ decodes it, and refuses a plain "a/b"); a name with "%2F" in it
+        # cannot be spelt by /amq/queue/ at all, and is read as named.
+        if not name or "%2F" in name:
             return name
-        return f"/amq/queue/{name}"
+        return f"/amq/queue/{_escape(name)}"
+
+    def address_forms(self, name: str) -> tuple[str, ...]:
+        # Queue names never start with "/" here: those are the exchange and topic
+        # addresses (and /queue), which have one spelling each.
+        if not name or name.startswith("/"):
+            return (name,)
+        escaped = _escape(name)
+        return (name, f"/queue/{escaped}", f"/amq/queue/{escaped}")
 
 
 class PlainDialect:
@@ -120,6 +138,9 @@ class PlainDialect:
 
     def existing_queue(self, name: str) -> str:
         return name
+
+    def address_forms(self, name: str) -> tuple[str, ...]:
+        return (name,)
 
 
 RABBITMQ = RabbitMQDialect()

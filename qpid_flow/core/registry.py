@@ -11,12 +11,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from qpid_flow.config import DestinationPolicy, RouterConfig, is_pattern, pattern_matches, resolve_policy
+from qpid_flow.config import DestinationPolicy, RouterConfig, is_pattern, matches_any, resolve_policy
 from qpid_flow.core.destination import Destination
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.plugin.manager import Hooks
 
 __all__ = ["TEMPORARY_PREFIX", "Destinations"]
+
+
+def _the_name_alone(name: str) -> tuple[str, ...]:
+    return (name,)
+
 
 # Names of the temporary queues made for dynamic sources (request/response reply queues).
 TEMPORARY_PREFIX = "qpid-flow.temporary."
@@ -36,9 +41,26 @@ class Destinations:
         # Called with each destination deleted, after its last counts (the metrics keep
         # what a deleted destination counted since their last scrape).
         self.deletion_listeners: list[Callable[[Destination], None]] = []
+        # The addresses a destination's name may be written as, which patterns may match:
+        # the name alone until the broker's dialect is known (use_address_forms).
+        self.address_forms: Callable[[str], tuple[str, ...]] = _the_name_alone
 
     def policy_for(self, address: str) -> DestinationPolicy:
-        return resolve_policy(self.policies, address, self._config.base_policy())
+        return resolve_policy(self.policies, address, self._config.base_policy(), self.address_forms(address)[1:])
+
+    def use_address_forms(self, address_forms: Callable[[str], tuple[str, ...]]) -> list[Destination]:
+        """Match patterns against ``address_forms`` of each name from now on (in front of
+        RabbitMQ, ``/queue/>`` matches queue ``orders`` as ``/queue/orders``); returns the
+        destinations whose policy changed."""
+        self.address_forms = address_forms
+        changed = []
+        for destination in self._by_address.values():
+            policy = self.policy_for(destination.address)
+            if policy != destination.policy:
+                destination.policy = policy
+                self._hooks.destination_policy_changed(destination=destination)
+                changed.append(destination)
+        return changed
 
     def get(self, address: str) -> Destination | None:
         """The destination for ``address``; created if unknown and creation is allowed."""
@@ -132,7 +154,7 @@ class Destinations:
     def _reapply(self, name: str) -> list[Destination]:
         changed = []
         for destination in self._by_address.values():
-            if destination.address == name or pattern_matches(name, destination.address):
+            if matches_any(name, self.address_forms(destination.address)):
                 destination.policy = self.policy_for(destination.address)
                 self._hooks.destination_policy_changed(destination=destination)
                 changed.append(destination)

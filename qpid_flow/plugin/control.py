@@ -88,6 +88,14 @@ class RouterControl:
         written as clients write addresses."""
         return self._router.destination_name(address)
 
+    def address_forms(self, name: str) -> tuple[str, ...]:
+        """Every address that names destination ``name``, ``name`` first, for matching a
+        pattern an operator gave against it (with :func:`qpid_flow.config.matches_any`):
+        standalone, the name alone; in front of RabbitMQ, queue ``X`` is also
+        ``/queue/X`` and ``/amq/queue/X``, so that ``/queue/>`` names every queue and no
+        topic."""
+        return self._router.address_forms(name)
+
     def destinations(self) -> Iterator[Destination]:
         """Every destination that exists now (a snapshot: destinations may come and go while
         it is read)."""

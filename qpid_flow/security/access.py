@@ -13,10 +13,10 @@ entry decides is denied. With no entries at all, everything is allowed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
-from qpid_flow.config import AclEntry, pattern_matches
+from qpid_flow.config import AclEntry, matches_any
 
 __all__ = ["ANONYMOUS_USER", "AccessPolicy", "ConnectionLimits", "Direction"]
 
@@ -31,6 +31,10 @@ class AccessPolicy:
 
     def __init__(self, entries: Sequence[AclEntry]) -> None:
         self._entries = tuple(entries)
+        # The addresses a name may be written as (the broker's dialect: in front of
+        # RabbitMQ, queue ``orders`` is also ``/queue/orders``), any of which a pattern
+        # may name: ``deny /queue/orders`` guards ``orders`` however a client writes it.
+        self.address_forms: Callable[[str], tuple[str, ...]] = _the_name_alone
 
     @property
     def enabled(self) -> bool:
@@ -40,17 +44,18 @@ class AccessPolicy:
         """May ``user`` attach to (or, for ``send``, address a transfer to) ``address``?"""
         if not self._entries:
             return True
+        forms = self.address_forms(address)
         for entry in self._entries:
             if entry.user != "*" and entry.user != user:
                 continue
             patterns = entry.send if direction == "send" else entry.receive
-            if any(_matches(pattern, address) for pattern in patterns):
+            if any(matches_any(pattern, forms) for pattern in patterns):
                 return entry.allow
         return False
 
 
-def _matches(pattern: str, address: str) -> bool:
-    return pattern == address or pattern_matches(pattern, address)
+def _the_name_alone(name: str) -> tuple[str, ...]:
+    return (name,)
 
 
 class ConnectionLimits:

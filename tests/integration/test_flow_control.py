@@ -503,6 +503,34 @@ def test_what_a_producer_may_send_to_and_an_operators_stop_go_by_the_address_it_
         consumer_connection.close()
 
 
+def test_an_operator_stop_in_an_address_form_holds_that_form_only(rabbitmq, qpid_flow_process) -> None:
+    """``producers stop /queue/P.*`` holds producers of queues P.x and not of topic
+    /topic/P.x (it was mapped to ``P.*`` and held both, and ``/queue/*`` every topic);
+    ``/topic/>`` holds every topic producer (it was one literal name and held none)."""
+    prefix = unique("forms")
+    admin = f"127.0.0.1:{free_port()}"
+    router = Router(qpid_flow_process(broker_url=rabbitmq.url, extra_args=["--admin", admin]), admin)
+
+    def outcome_while_stopped(pattern: str, address: str) -> int:
+        """How many of 3 messages to ``address`` are accepted while ``pattern`` is stopped."""
+        assert router.cli("producers", "stop", pattern).returncode == 0
+        producer = Producer(router.url, address, [make_message(address, i) for i in range(3)], timeout=60)
+        threads = start(producer)
+        held = wait_until_quiet([producer])
+        assert router.cli("producers", "start", pattern).returncode == 0
+        for thread in threads:
+            thread.join(30)
+        assert Counter(producer.outcomes.values()) == {"accepted": 3}
+        return held
+
+    assert outcome_while_stopped(f"/queue/{prefix}.*", f"{prefix}.q") == 0
+    assert outcome_while_stopped(f"/queue/{prefix}.*", f"/queue/{prefix}.q") == 0
+    assert outcome_while_stopped(f"/queue/{prefix}.*", f"/topic/{prefix}.q") == 3
+    assert outcome_while_stopped("/queue/*", f"/topic/{prefix}") == 3
+    assert outcome_while_stopped("/topic/>", f"/topic/{prefix}.q") == 0
+    assert outcome_while_stopped("/topic/>", f"{prefix}.q") == 3
+
+
 def test_subscribers_of_a_topic_count_as_its_consumers(rabbitmq, qpid_flow_process) -> None:
     """A topic keeps no depth in front of RabbitMQ (each subscriber reads a queue of its
     own), but its statistics list consumer links as a queue's do. Two subscribers and a

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -518,6 +519,36 @@ def test_a_grouped_queue_declared_with_arguments_is_read(rabbitmq, qpid_flow_pro
             bodies.append(receiver.receive(timeout=15).body)
             receiver.accept()
         assert bodies == ["A0", "A1", "A2"]
+    finally:
+        connection.close()
+
+
+def test_a_grouped_queue_with_a_slash_in_its_name_is_read_and_named_by_its_address(rabbitmq, qpid_flow_process) -> None:
+    """Queue ``x/y`` is ``/queue/x%2Fy`` to RabbitMQ, which refuses the plain ``x/y``: the
+    reader asked for it so, and every consumer was detached (unknown_destination). The
+    admin API names it by the address form too, as ``config add`` does (GET answered 404)."""
+    from proton.utils import BlockingConnection
+
+    name = f"{unique('grouped')}/slash"
+    address = "/queue/" + name.replace("/", "%2F")
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(broker_url=rabbitmq.url, config_text=grouped_config(name), extra_args=["--admin", admin])
+    connection = BlockingConnection(router.url, timeout=15)
+    try:
+        sender = connection.create_sender(address)
+        for n in range(3):
+            sender.send(Message(body=f"A{n}", group_id="A"))
+        receiver = connection.create_receiver(address, credit=3)
+        bodies = [receiver.receive(timeout=15).body for _ in range(3)]
+        assert bodies == ["A0", "A1", "A2"]
+        quoted = urllib.parse.quote(address, safe="")
+        with urllib.request.urlopen(admin_request(admin, f"/v1/groups/{quoted}"), timeout=10) as response:
+            groups = json.load(response)
+        assert groups["name"] == name
+        assert [(g["group"], g["held"]) for g in groups["groups"]] == [("A", 3)]
+        with urllib.request.urlopen(admin_request(admin, f"/v1/destinations/{quoted}"), timeout=10) as response:
+            assert json.load(response)["name"] == name
+        receiver.accept()
     finally:
         connection.close()
 

@@ -348,6 +348,57 @@ def test_acl_in_front_of_rabbitmq(
     tls.close()
 
 
+FORMS_ACL = """
+[[acl]]
+user = "*"
+action = "deny"
+send = ["/queue/forms.orders", "/exchange/>", "/topic/>"]
+receive = ["/amq/queue/forms.pay.*"]
+
+[[acl]]
+user = "*"
+send = [">"]
+receive = [">"]
+"""
+
+
+def test_acl_patterns_in_rabbitmq_address_forms(
+    qpid_flow_process: StartRouter, certificates: Certificates, rabbitmq: Broker, bystander_factory: list[Any]
+) -> None:
+    """A deny written as ``/queue/X`` guards queue X however a client writes it, and
+    ``/exchange/>`` and ``/topic/>`` (what docs/security.md tells operators to deny) guard
+    every exchange and topic address. (The patterns were compared with the queue's bare
+    name, and ``/exchange/>`` was one literal segment: every one of these attaches opened.)"""
+    user, password = rabbitmq.user, rabbitmq.password
+    router = start_secured(qpid_flow_process, certificates, FORMS_ACL, broker_url=rabbitmq.url)
+    client = connect(router.url(user, password), allowed_mechs="PLAIN")
+    bystander_factory.append(client)
+    denied = [
+        (client.create_sender, "forms.orders"),
+        (client.create_sender, "/queue/forms.orders"),
+        (client.create_sender, "/amq/queue/forms.orders"),
+        (client.create_sender, "/exchange/amq.direct/forms.orders"),
+        (client.create_sender, "/exchange/amq.topic/a.b"),
+        (client.create_sender, "/topic/a.b"),
+        (client.create_receiver, "forms.pay.eu"),
+        (client.create_receiver, "/queue/forms.pay.eu"),
+    ]
+    for attach, address in denied:
+        with pytest.raises(LinkDetached) as refused:
+            attach(address)
+        assert refusal_of(refused.value) == UNAUTHORIZED, address
+    relay = client.create_sender(None)
+    with pytest.raises(SendException) as rejected:
+        relay.send(Message(address="/queue/forms.orders", body="not allowed"))
+    assert rejected.value.state == Delivery.REJECTED
+    relay.close()
+    # What no deny names is allowed, in every form.
+    round_trip(client, "forms.orders.other")
+    round_trip(client, "/queue/forms.pay")
+    client.create_receiver("/topic/a.b")
+    client.create_receiver("forms.orders")
+
+
 # --- limits --------------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qpid_flow.config import AclEntry, ConfigError, build_config
+from qpid_flow.core.dialect import RABBITMQ
 from qpid_flow.security.access import AccessPolicy, ConnectionLimits
 
 
@@ -31,6 +32,24 @@ def test_first_matching_entry_decides_and_the_rest_is_denied() -> None:
     assert not policy.allows("bob", "receive", "public.news.eu")  # "*" is one segment
     assert not policy.allows("alice", "receive", "c")  # no entry says: denied
     assert not policy.allows("alice", "send", "a")  # "a.>" needs at least one more segment
+
+
+def test_a_pattern_may_name_any_address_form_of_a_name() -> None:
+    """In front of RabbitMQ queue ``orders`` is also ``/queue/orders``: a deny written in
+    either form guards it however a client writes it (the router asks by the queue's name)."""
+    policy = AccessPolicy(
+        [
+            AclEntry("*", send=("/queue/orders", "/exchange/>"), receive=("/amq/queue/pay.*",), allow=False),
+            AclEntry("*", send=(">",), receive=(">",)),
+        ]
+    )
+    policy.address_forms = RABBITMQ.address_forms
+    assert not policy.allows("bob", "send", "orders")
+    assert not policy.allows("bob", "send", "/exchange/amq.direct/orders")
+    assert not policy.allows("bob", "receive", "pay.eu")
+    assert policy.allows("bob", "receive", "orders")
+    assert policy.allows("bob", "send", "/topic/a.b")
+    assert policy.allows("bob", "send", "orders2")
 
 
 def test_acl_entries_are_checked_in_the_configuration() -> None:

@@ -75,6 +75,10 @@ class FakeOperations:
         self._enter("stat")
         return [dict(r) for r in self.records]
 
+    def stat_of(self, name: str) -> dict[str, Any] | None:
+        self._enter("stat_of")
+        return next((dict(r) for r in self.records if r["name"] == name), None)
+
     def add_destination(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         self._enter("add_destination", name, settings)
         if settings.get("max_count", 0) < 0:

@@ -125,6 +125,17 @@ def test_bad_toml_is_one_line(tmp_path: Path) -> None:
         ("orders.*", "orders.eu.paris", False),
         ("orders", "orders", True),
         ("*.eu", "orders.eu", True),
+        # "/" separates segments too (broker address forms): security.md's /exchange/>
+        # and /topic/> were single literal segments that guarded nothing.
+        ("/topic/>", "/topic/a.b", True),
+        ("/exchange/>", "/exchange/amq.topic/a.b", True),
+        ("/exchange/>", "/topic/a.b", False),
+        ("/topic/*", "/topic/k", True),
+        ("/topic/*", "/topic/a.b", False),
+        ("*", "/topic/k", False),
+        ("orders.*", "orders.a/b", False),
+        ("a+b.*", "a+b.x", True),  # literal segments are literal, not regular expressions
+        ("a+b.*", "aab.x", False),
     ],
 )
 def test_wildcards(pattern: str, address: str, matches: bool) -> None:

@@ -147,5 +147,16 @@ def test_broker_dialect_refuses_others() -> None:
 
 def test_qpid_flows_reader_reads_a_rabbitmq_queue_by_the_address_that_declares_nothing() -> None:
     assert RABBITMQ.existing_queue("orders") == "/amq/queue/orders"
-    assert RABBITMQ.existing_queue("a/b") == "a/b"  # not spelt exactly by /amq/queue/
+    # RabbitMQ reads %2F as "/" (and refuses the plain "a/b"); "a%2Fb" itself cannot be spelt.
+    assert RABBITMQ.existing_queue("a/b") == "/amq/queue/a%2Fb"
+    assert RABBITMQ.existing_queue("a%2Fb") == "a%2Fb"
     assert PLAIN.existing_queue("orders") == "orders"
+
+
+def test_a_rabbitmq_queue_has_three_address_forms_and_an_exchange_one() -> None:
+    assert RABBITMQ.address_forms("orders") == ("orders", "/queue/orders", "/amq/queue/orders")
+    assert RABBITMQ.address_forms("a/b") == ("a/b", "/queue/a%2Fb", "/amq/queue/a%2Fb")
+    assert RABBITMQ.address_forms("/topic/a.b") == ("/topic/a.b",)
+    assert RABBITMQ.address_forms("/exchange/amq.direct/k") == ("/exchange/amq.direct/k",)
+    assert RABBITMQ.address_forms("/queue") == ("/queue",)
+    assert PLAIN.address_forms("/queue/orders") == ("/queue/orders",)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from qpid_flow.config import ConfigError, build_config
+from qpid_flow.config import ConfigError, build_config, is_pattern
+from qpid_flow.core.dialect import RABBITMQ
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Hold, Message, Outcome, Producer, Reject, Settlement
 from qpid_flow.core.registry import Destinations
@@ -37,7 +38,11 @@ class FakeControl:
         return self.registry.find(address)
 
     def destination_name(self, address: str) -> str:
-        return address.removeprefix("/queue/")  # as in front of RabbitMQ
+        # As in front of RabbitMQ: /queue/X names queue X; a pattern stays as written.
+        return address if is_pattern(address) else address.removeprefix("/queue/")
+
+    def address_forms(self, name: str) -> tuple[str, ...]:
+        return RABBITMQ.address_forms(name)
 
     def destinations(self) -> Any:
         return iter(self.registry)
@@ -416,3 +421,32 @@ def test_an_operator_stop_given_as_a_rabbitmq_address_stops_the_destination() ->
     stop.handler(AdminRequest(params={}, body={"pattern": "/queue/rs"}))
     assert flow.stopped_patterns == ["rs"]
     assert hooks.producer_credit(producer=producer, destination=registry.get("rs")) == 0
+
+
+@pytest.mark.parametrize(
+    ("pattern", "held", "free"),
+    [
+        # A pattern in the queue form names queues only (it was mapped to ">" and "*",
+        # which held topic and exchange producers too).
+        ("/queue/>", ["rs", "a.b"], ["/topic/a.b", "/exchange/amq.topic/a.b"]),
+        ("/queue/*", ["rs"], ["a.b", "/topic/k"]),
+        ("/amq/queue/a.*", ["a.b"], ["rs", "/topic/a.b"]),
+        # "/" separates segments as "." does: every topic, or every exchange, address.
+        ("/topic/>", ["/topic/a.b", "/topic/k"], ["rs", "/exchange/amq.topic/a.b"]),
+        ("/exchange/>", ["/exchange/amq.topic/a.b"], ["rs", "/topic/k"]),
+        (">", ["rs", "/topic/k", "/exchange/amq.topic/a.b"], []),
+    ],
+)
+def test_an_operator_stop_pattern_names_the_address_forms_it_is_written_in(
+    pattern: str, held: list[str], free: list[str]
+) -> None:
+    hooks, registry, control, flow = setup({})
+    flow.qpid_flow_started(control=cast("RouterControl", control))
+    producers = {address: attach(registry, address) for address in held + free}
+    stop = next(route for route in flow.qpid_flow_admin_routes() if route.path == "/v1/producers/stop")
+    answer = stop.handler(AdminRequest(params={}, body={"pattern": pattern}))
+    assert answer["pattern"] == pattern
+    assert sorted(answer["destinations"]) == sorted(held)
+    for address, producer in producers.items():
+        credit = hooks.producer_credit(producer=producer, destination=registry.get(address))
+        assert (credit == 0) == (address in held), address

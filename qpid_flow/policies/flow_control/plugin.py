@@ -34,10 +34,10 @@ from qpid_flow.config import (
     ConfigError,
     RouterConfig,
     check_pattern,
+    matches_any,
     parse_duration,
     parse_non_negative_int,
     parse_size,
-    pattern_matches,
 )
 from qpid_flow.core.credit import window_need
 from qpid_flow.core.model import Hold, Outcome, Reject
@@ -350,7 +350,10 @@ class Plugin:
         return None
 
     def stopped_by_operator(self, address: str) -> bool:
-        return any(p == address or pattern_matches(p, address) for p in self._stopped_patterns)
+        if not self._stopped_patterns:
+            return False
+        forms = self._control.address_forms(address) if self._control is not None else (address,)
+        return any(matches_any(p, forms) for p in self._stopped_patterns)
 
     def _stopped(self, address: str | None) -> bool:
         return address is not None and bool(self._stopped_patterns) and self.stopped_by_operator(address)

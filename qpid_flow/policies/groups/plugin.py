@@ -72,7 +72,10 @@ class Plugin:
     def _groups_route(self, request: AdminRequest) -> dict[str, Any]:
         """GET /v1/groups/{name}: each group of a grouped destination, its owner and messages."""
         name = request.params["name"]
-        destination = self._control.destination(name) if self._control is not None else None
+        control = self._control
+        if control is not None:
+            name = control.destination_name(name)  # /queue/carts: carts, as config add names it
+        destination = control.destination(name) if control is not None else None
         if destination is None:
             raise KeyError(f"no destination {name!r}")
         queue = destination.queue
