@@ -34,9 +34,12 @@ USER root
 # tests (`fresh_rabbitmq`) start a private RabbitMQ they control, and load tests build the
 # Proton C example clients: both need these packages in the test image.
 # The report tests run Spark (a Java runtime) and open the report in headless Chromium.
+# iproute2: ss, with which tests find and reset one TCP connection; Node.js and npm: rhea,
+# the second AMQP client of the differential tests (as .ci/install-deps installs them).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends rabbitmq-server libqpid-proton11-dev \
       libqpid-proton11-dev-examples pkg-config gcc libc6-dev openjdk-17-jre-headless chromium openssl \
+      iproute2 nodejs npm \
  && rm -rf /var/lib/apt/lists/*
 # qpid-flow with its test extra and, as .ci/install-deps installs them for the test suite, the
 # first-party plugins (the runtime image leaves them out, as `install-deps --runtime` does).
@@ -44,5 +47,9 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links /wheels 'qpid-flow[test,analytics]' qpid-flow-rabbitmq-depth
 WORKDIR /src
 COPY pyproject.toml ./
+# Tests read the docs (the plugin example, the hook reference) and run the bench tools.
+COPY docs ./docs
+COPY bench ./bench
 COPY tests ./tests
+RUN npm install --prefix tests/integration/harness/rhea --no-package-lock --no-audit --no-fund --loglevel=error
 CMD ["python", "-m", "pytest", "tests/integration"]

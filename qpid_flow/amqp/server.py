@@ -141,7 +141,7 @@ class Server(Handler):
             self.admin.start()  # after qpid_flow_started: plugins' routes have their control
         log.info(
             "listening",
-            listen=self.config.listen,
+            listen=self._listen_addresses(),
             admin=self._admin_address(),
             mode="standalone" if self.config.broker is None else "broker",
             plugins=loaded_plugins(self.hooks.pm),
@@ -201,6 +201,14 @@ class Server(Handler):
             deadline=config.sasl_timeout,
             idle_timeout=config.idle_timeout,
         )
+
+    def _listen_addresses(self) -> str:
+        """The listeners as ``listen`` is written, with the ports in use (``HOST:0`` picks one)."""
+        addresses = []
+        for (scheme, host, _), gate in zip(self.config.listeners, self.gates, strict=True):
+            where = f"[{host}]:{gate.port}" if ":" in host else f"{host}:{gate.port}"
+            addresses.append(where if scheme == "amqp" else f"{scheme}://{where}")
+        return ",".join(addresses)
 
     def _admin_address(self) -> str | None:
         if self.admin is None or self.config.admin is None:

@@ -30,7 +30,7 @@ from qpid_flow.security.users import UsersFile
 from .clients import Consumer, Producer, make_message, run_all, start, unique
 from .harness.broker import Broker
 from .harness.net import free_port
-from .harness.router import RouterProcess, StartRouter, admin_request
+from .harness.router import PROJECT_ROOT, RouterProcess, StartRouter, admin_request
 from .harness.scenario import Peer
 
 pytestmark = pytest.mark.integration
@@ -328,3 +328,30 @@ def test_a_queue_the_broker_refuses_to_a_consumer_leaves_no_destination(
         names = {d["name"] for d in json.loads(_get(admin, "/v1/destinations")[1])["destinations"]}
         assert kept_name in names
         assert names.isdisjoint(missing), sorted(names & set(missing))
+
+
+def test_the_listening_event_names_the_ports_picked_for_host_0(tmp_path: Path) -> None:
+    """``--listen 127.0.0.1:0`` binds a free port: the ``listening`` event said
+    ``127.0.0.1:0``, so nobody could tell where to connect (the admin address was told)."""
+    log_path = tmp_path / "qpid-flow.log"
+    argv = [sys.executable, "-m", "qpid_flow", "serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
+    with log_path.open("wb") as log:
+        router = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while '"event": "listening"' not in log_path.read_text(errors="replace"):
+            assert router.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.1)
+        line = next(x for x in log_path.read_text().splitlines() if '"event": "listening"' in x)
+        listening = json.loads(line)
+        host, port = listening["listen"].rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0, listening
+        connection = BlockingConnection(f"amqp://{listening['listen']}", timeout=15)
+        try:
+            connection.create_sender("listen.zero").send(Message(body="here"))
+            assert connection.create_receiver("listen.zero").receive(timeout=15).body == "here"
+        finally:
+            connection.close()
+    finally:
+        router.terminate()
+        router.wait(60)

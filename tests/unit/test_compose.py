@@ -140,3 +140,22 @@ def test_the_test_image_installs_the_plugins_install_deps_installs() -> None:
         assert project is not None
         assert re.search(rf"pip wheel .*\./{re.escape(path)}\b", build), f"{path} is not built"
         assert re.search(rf"pip install .*\b{re.escape(project.group(1))}\b", test_stage), f"{path} is not installed"
+
+
+def test_the_test_image_has_what_the_integration_tests_use() -> None:
+    """`docker compose run --rm tests` failed tests the CI passes: the image had no ss
+    (iproute2), no Node.js with rhea, and neither docs/ (the plugin example, the hook
+    reference) nor bench/ (the minimal relay) the tests read."""
+    install_deps = (ROOT / ".ci" / "install-deps").read_text()
+    test_stage = DOCKERFILE.read_text().split(" AS test")[1]
+    apt = re.search(r"apt-get install(?:[^\n\\]|\\\n)*", test_stage)
+    assert apt is not None
+    for package in ("iproute2", "nodejs", "npm"):
+        assert package in install_deps, f"{package}: not what install-deps installs either"
+        assert re.search(rf"\b{package}\b", apt.group(0)), f"{package} is not installed in the test image"
+    rhea = re.search(r"^RHEA_DIR=(\S+)", install_deps, re.M)
+    assert rhea is not None
+    assert re.search(rf"npm install --prefix {re.escape(rhea.group(1))}\b", test_stage), "rhea is not installed"
+    for folder in ("docs", "bench", "tests"):
+        assert re.search(rf"^COPY {folder} \./{folder}$", test_stage, re.M), f"{folder}/ is not in the image"
+    assert "**/node_modules" in (ROOT / ".dockerignore").read_text().split(), "a host's node_modules would be copied"
