@@ -255,6 +255,12 @@ ROUTER_METRICS: tuple[MetricSpec, ...] = (
         "Bytes of messages qpid-flow holds (each its encoded size plus 512), counted against memory_limit "
         "(transfers held unforwarded are not: admitting one moves its bytes).",
     ),
+    MetricSpec(
+        "qpid_flow_memory_waiting_bytes",
+        "gauge",
+        "Bytes of transfers held unforwarded and of messages still arriving in several transfers; "
+        "past memory_limit they are refused.",
+    ),
     MetricSpec("qpid_flow_memory_limit_bytes", "gauge", "memory_limit (0: none)."),
     MetricSpec(
         "qpid_flow_memory_over_limit", "gauge", "1 while the bytes counted are at memory_limit (every producer held)."
@@ -292,6 +298,7 @@ class Snapshot:
     messages_in: int
     messages_out: int
     memory_bytes: int
+    memory_waiting: int
     memory_limit: int
     memory_over: bool
     destinations: list[dict[str, Any]]  # stat records (Destination.stats)
@@ -508,6 +515,7 @@ class RouterCollector(Collector):
         yield counter("qpid_flow_messages_in", s.messages_in)
         yield counter("qpid_flow_messages_out", s.messages_out)
         yield gauge("qpid_flow_memory_bytes", s.memory_bytes)
+        yield gauge("qpid_flow_memory_waiting_bytes", s.memory_waiting)
         yield gauge("qpid_flow_memory_limit_bytes", s.memory_limit)
         yield gauge("qpid_flow_memory_over_limit", 1 if s.memory_over else 0)
         errors = CounterMetricFamily("qpid_flow_plugin_errors", specs["qpid_flow_plugin_errors"].help, labels=["hook"])

@@ -176,6 +176,7 @@ class Operations:
             messages_in=self._destinations.retired_in + sum(d.enqueued_total for d in destinations),
             messages_out=self._destinations.retired_out + sum(d.delivered_total for d in destinations),
             memory_bytes=memory.in_use,
+            memory_waiting=memory.waiting,
             memory_limit=memory.limit,
             memory_over=memory.over,
             destinations=records,

@@ -38,6 +38,7 @@ __all__ = [
     "LeanDelivery",
     "LinkFlowEvent",
     "delivery_tags",
+    "drop_transfer_bytes",
     "keep_link",
     "kept",
     "new_delivery",
@@ -56,6 +57,16 @@ def take_transfer(link: Link, size: int) -> bytes:
         link._check(received)  # raises Proton's LinkException
     pn_link_advance(link._impl)
     return bytes(buffer) if received == size else bytes(buffer[: max(received, 0)])
+
+
+def drop_transfer_bytes(link: Link, size: int) -> int:
+    """Read and drop the ``size`` bytes the current (incomplete) delivery on a receiving
+    link holds, staying on that delivery; the number of bytes dropped."""
+    buffer = bytearray(size)
+    received = lib.pn_link_recv(link._impl, ffi.from_buffer(buffer), size)
+    if received < 0 and received != PN_EOS:
+        link._check(received)  # raises Proton's LinkException
+    return max(received, 0)
 
 
 def send_transfer(link: Link, data: bytes) -> None:

@@ -45,6 +45,7 @@ from qpid_flow.amqp.endpoints import (
     DeliveryEvent,
     LeanDelivery,
     delivery_tags,
+    drop_transfer_bytes,
     keep_link,
     kept,
     new_delivery,
@@ -144,6 +145,9 @@ class Router(Handler):
         self.accepting = True  # False once shutdown began: no new credit
         self._max_message_size = config.max_message_size
         self._producers: dict[int, tuple[Producer, Link]] = {}
+        # Per producer link (by id), the message arriving in several transfers, under
+        # memory_limit (a link carries one at a time): see _part_arrived.
+        self._arriving: dict[int, _Arriving] = {}
         self._consumers: dict[int, tuple[Consumer, Link]] = {}
         # Per consumer, its unsettled deliveries by C delivery (what a delivery event
         # carries): the wrapper, kept so the C delivery lives as long as the entry, and
@@ -669,6 +673,8 @@ class Router(Handler):
             self.coordinator.controller_gone(link)
             return
         producer = kept(link, "qf_producer")
+        if self._arriving:
+            self._forget_arriving(producer)
         if producer is not None and self._producers.pop(producer.id, None) is not None:
             destination = self.destinations.find(producer.address) if producer.address else None
             if destination is not None:
@@ -749,6 +755,8 @@ class Router(Handler):
         if link.is_receiver:
             delivery = event.delivery
             if delivery.aborted:
+                if self._arriving:
+                    self._forget_arriving(kept(link, "qf_producer"))
                 delivery.settle()
                 # It used a credit and goes no further (in front of a broker the broker never
                 # saw it, so its link's credit is untouched): the producer may have it back.
@@ -761,9 +769,14 @@ class Router(Handler):
             if self._max_message_size and delivery.pending > self._max_message_size:
                 self._message_too_large(link, delivery)
                 return
-            if not delivery.partial:
-                data = take_transfer(link, delivery.pending)
-                self._on_transfer(link, delivery, data)
+            if delivery.partial:
+                if self.memory.limit:
+                    self._part_arrived(link, delivery)
+                return
+            if self._arriving and self._refused_while_arriving(link, delivery):
+                return
+            data = take_transfer(link, delivery.pending)
+            self._on_transfer(link, delivery, data)
         else:
             consumer = kept(link, "qf_consumer")
             if consumer is None:
@@ -844,6 +857,58 @@ class Router(Handler):
         entry = self._sent.get(consumer.id, {}).pop(impl, None)
         if entry is not None:
             entry[0].settle()
+
+    def _part_arrived(self, link: Link, delivery: LeanDelivery) -> None:
+        """A transfer of a message that is not complete yet. Its bytes wait in Proton's
+        buffer until the last one comes: they count against memory_limit as those of a
+        held transfer do (a client streaming large messages on many links held hundreds of
+        MB, counted nowhere). One that would take the waiting bytes past the limit is
+        refused: what it sent, and sends from then on, is read and dropped, and it is
+        rejected once complete (_refused_while_arriving)."""
+        producer: Producer | None = kept(link, "qf_producer")
+        if producer is None:
+            return
+        arriving = self._arriving.get(producer.id)
+        if arriving is None:
+            arriving = self._arriving[producer.id] = _Arriving()
+        if arriving.refused:
+            arriving.dropped += drop_transfer_bytes(link, delivery.pending)
+            if self._max_message_size and arriving.dropped > self._max_message_size:
+                self._message_too_large(link, delivery)
+            return
+        memory = self.memory
+        grown = delivery.pending - arriving.held
+        if memory.waiting + grown <= memory.limit:
+            memory.hold_arriving(grown)
+            arriving.held += grown
+            return
+        memory.release_arriving(arriving.held)
+        arriving.held = 0
+        arriving.refused = True
+        arriving.dropped = drop_transfer_bytes(link, delivery.pending)
+
+    def _refused_while_arriving(self, link: Link, delivery: LeanDelivery) -> bool:
+        """The last transfer of a message that arrived in several: its arriving bytes
+        leave the count (the message is counted where it goes), or, refused on the way,
+        it is rejected now. True if it was."""
+        producer: Producer | None = kept(link, "qf_producer")
+        arriving = self._arriving.pop(producer.id, None) if producer is not None else None
+        if arriving is None or producer is None:
+            return False
+        if not arriving.refused:
+            self.memory.release_arriving(arriving.held)
+            return False
+        take_transfer(link, delivery.pending)  # the rest, dropped too
+        refused = Message(b"", producer.address or "", producer.id)
+        description = f"message arriving would pass memory_limit ({self.memory.limit} bytes) held unforwarded"
+        self._refuse_transfer(link, delivery, refused, RESOURCE_LIMIT, description)
+        return True
+
+    def _forget_arriving(self, producer: Producer | None) -> None:
+        """The message a producer link was sending is aborted, or the link went."""
+        arriving = self._arriving.pop(producer.id, None) if producer is not None else None
+        if arriving is not None:
+            self.memory.release_arriving(arriving.held)
 
     def _message_too_large(self, link: Link, delivery: LeanDelivery) -> None:
         """A transfer grew past max_message_size: end the link as AMQP 1.0 says (2.7.3)."""
@@ -1503,3 +1568,14 @@ def _filters(source: Terminus) -> dict[Any, Any]:
 def _is_selector(value: Any) -> bool:
     descriptor = getattr(value, "descriptor", None)
     return descriptor in (SELECTOR_FILTER_NAME, SELECTOR_FILTER_CODE) and isinstance(getattr(value, "value", None), str)
+
+
+class _Arriving:
+    """A message a producer link is sending in several transfers, under memory_limit."""
+
+    __slots__ = ("dropped", "held", "refused")
+
+    def __init__(self) -> None:
+        self.held = 0  # its bytes counted against memory_limit so far
+        self.refused = False  # it would have passed the limit: read and dropped, then rejected
+        self.dropped = 0  # the bytes read and dropped since (max_message_size still applies)

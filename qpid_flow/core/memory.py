@@ -77,6 +77,19 @@ class MemoryMeter:
             for callback in self._below_listeners:
                 callback()
 
+    def hold_arriving(self, size: int) -> None:
+        """``size`` more bytes of a message still arriving are held. Like a held transfer's
+        they wait (they are in no destination yet); they carry no per-message cost until
+        the message is complete."""
+        self.held += size
+        self.waiting += size
+
+    def release_arriving(self, size: int) -> None:
+        """A message's ``size`` arriving bytes are complete (counted again where it goes),
+        refused or dropped."""
+        self.held -= size
+        self.waiting -= size
+
     def hold(self, size: int) -> None:
         """A transfer is held unforwarded: its bytes are held, not in use."""
         charge = size + self.per_message

@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from proton import Message
+from proton import Delivery, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
@@ -680,6 +680,105 @@ def test_transfers_held_past_memory_limit_stop_at_memory_limit_too(qpid_flow_pro
     assert router.stat(name)["refused"] == len(refused)
     delivered = sorted(r.message.properties["index"] for r in consumer.received)
     assert delivered == sorted(set(range(100)) - refused)
+
+
+class _Streamer(MessagingHandler):
+    """Sends messages of one data section in pieces, on one link per address, as the test
+    says (``do``): stream N more bytes, finish, or abort; outcomes by address."""
+
+    def __init__(self, url: str, addresses: list[str]) -> None:
+        super().__init__(auto_settle=False)
+        self.url, self.addresses = url, addresses
+        self.commands: list[tuple[str, str, int]] = []
+        self.lock = threading.Lock()
+        self.outcomes: dict[str, tuple[str, str | None]] = {}
+        self.links: dict[str, Any] = {}
+        self.left: dict[str, int] = {}
+
+    def do(self, action: str, address: str, size: int = 0) -> None:
+        with self.lock:
+            self.commands.append((action, address, size))
+
+    def on_start(self, event: Any) -> None:
+        self.container = event.container
+        self.connection = event.container.connect(self.url, reconnect=False)
+        self.links = {a: event.container.create_sender(self.connection, a, name=a) for a in self.addresses}
+        event.container.schedule(0.05, self)
+
+    def on_timer_task(self, event: Any) -> None:
+        with self.lock:
+            commands, self.commands = self.commands, []
+        for action, address, size in commands:
+            link = self.links[address]
+            if action == "begin":  # a message of `size` body bytes, none of them sent yet
+                link.delivery(address.encode())
+                link.stream(b"\x00\x53\x75\xb0" + size.to_bytes(4, "big"))
+                self.left[address] = size
+            elif action == "stream":
+                link.stream(b"x" * size)
+                self.left[address] -= size
+            elif action == "finish":
+                link.stream(b"x" * self.left.pop(address))
+                link.advance()
+            elif action == "abort":
+                link.current.abort()
+            elif action == "close":
+                self.connection.close()
+                return
+        event.container.schedule(0.05, self)
+
+    def on_settled(self, event: Any) -> None:
+        condition = event.delivery.remote.condition
+        outcome = {Delivery.ACCEPTED: "accepted", Delivery.REJECTED: "rejected"}.get(
+            event.delivery.remote_state, "other"
+        )
+        self.outcomes[event.link.target.address] = (outcome, condition.name if condition else None)
+
+
+def test_messages_still_arriving_count_against_memory_limit(start_router) -> None:
+    """A message sent in many transfers waits in qpid-flow until its last one: a client
+    streaming large messages on 10 links held 400 MB under a 10 MB memory_limit, counted
+    nowhere. Its bytes now count as those of a held transfer do: one that would take them
+    past the limit is read and dropped, and rejected once complete; an aborted one leaves
+    the count."""
+    router = start_router('memory_limit = "1 MB"\ndefault_max_size = 0\n')
+    first, second, aborted = (unique(f"arriving-{n}") for n in ("first", "second", "aborted"))
+    streamer = _Streamer(router.url, [first, second, aborted])
+    container = Container(streamer)
+    thread = threading.Thread(target=container.run, daemon=True)
+    thread.start()
+
+    def waiting_bytes() -> float:
+        with urllib.request.urlopen(admin_request(router.admin, "/metrics"), timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        return next(float(x.split()[1]) for x in lines if x.startswith("qpid_flow_memory_waiting_bytes "))
+
+    try:
+        streamer.do("begin", first, 700_000)
+        streamer.do("stream", first, 600_000)
+        assert wait_until(lambda: waiting_bytes() >= 600_000), waiting_bytes()
+        # 600 kB more would pass 1 MB: the second is refused on the way, and not counted.
+        streamer.do("begin", second, 700_000)
+        streamer.do("stream", second, 600_000)
+        streamer.do("finish", second)
+        assert wait_until(lambda: second in streamer.outcomes), streamer.outcomes
+        assert streamer.outcomes[second] == ("rejected", "amqp:resource-limit-exceeded")
+        assert 600_000 <= waiting_bytes() <= 1024 * 1024
+        # An aborted message leaves the count; the first goes on and is accepted.
+        streamer.do("begin", aborted, 700_000)
+        streamer.do("stream", aborted, 200_000)
+        assert wait_until(lambda: waiting_bytes() >= 800_000), waiting_bytes()
+        streamer.do("abort", aborted)
+        streamer.do("finish", first)
+        assert wait_until(lambda: first in streamer.outcomes), streamer.outcomes
+        assert streamer.outcomes[first] == ("accepted", None)
+        assert wait_until(lambda: waiting_bytes() == 0), waiting_bytes()
+    finally:
+        streamer.do("close", first)
+        thread.join(30)
+    consumer = Consumer(router.url, first, count=1, timeout=30)
+    run_all(consumer)
+    assert [len(r.message.body) for r in consumer.received] == [700_000]
 
 
 def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabbitmq, qpid_flow_process) -> None:

@@ -135,6 +135,7 @@ class FakeOperations:
             messages_out=4,
             memory_bytes=10,
             memory_limit=0,
+            memory_waiting=0,
             memory_over=False,
             destinations=[dict(r) for r in self.records],
         )

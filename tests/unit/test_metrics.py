@@ -46,6 +46,7 @@ def _snapshot(destinations: list[dict[str, Any]]) -> Snapshot:
         messages_out=90,
         memory_bytes=1000,
         memory_limit=5000,
+        memory_waiting=0,
         memory_over=False,
         destinations=destinations,
         plugin_errors={"qpid_flow_producer_credit": 2},
