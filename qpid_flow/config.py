@@ -629,10 +629,13 @@ def resolve_policy(
     address: str,
     base: DestinationPolicy,
     forms: Iterable[str] = (),
+    core: Callable[[str], str] = str,
 ) -> DestinationPolicy:
     """The policy of ``policies`` that applies to ``address``, over ``base``. A pattern
     may also match one of ``forms``, the other addresses the destination may be written
-    as (RabbitMQ's ``/queue/X`` for queue ``X``): ``/queue/>`` names every queue."""
+    as (RabbitMQ's ``/queue/X`` for queue ``X``): ``/queue/>`` names every queue. Among
+    patterns, the most specific ``core`` (the pattern without its address form's prefix:
+    ``/queue/orders.*`` ranks as ``orders.*``) wins; equal ones by the pattern itself."""
     exact = policies.get(address)
     if exact is not None:
         return exact.merged_over(base)
@@ -640,7 +643,7 @@ def resolve_policy(
     matching = [p for p in policies if is_pattern(p) and matches_any(p, names)]
     if not matching:
         return base
-    return policies[max(matching, key=_specificity)].merged_over(base)
+    return policies[max(matching, key=lambda p: (_specificity(core(p)), p))].merged_over(base)
 
 
 _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {

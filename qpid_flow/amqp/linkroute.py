@@ -1125,7 +1125,7 @@ class BrokerRouter(Router):
             if not is_pattern(node.name):
                 registry.get(node.name)  # a named destination exists once configured
         # Before the first client is routed: no consumer has a route a change could move.
-        registry.use_address_forms(dialect.address_forms)
+        registry.use_dialect(dialect)
         return dialect
 
     def _node(self, address: str) -> Node:

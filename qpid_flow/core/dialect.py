@@ -62,12 +62,20 @@ class Dialect(Protocol):
         a pattern (policy, ACL, operator stop) may be written against."""
         ...
 
+    def pattern_core(self, pattern: str) -> str:
+        """The part of ``pattern`` that names a destination, without an address form's
+        prefix (``/queue/orders.*`` is ``orders.*``): what its precedence is judged on."""
+        ...
+
 
 # The prefixes whose single segment that follows is a queue name (RabbitMQ unescapes it).
 _QUEUE_PREFIXES = ("/queue/", "/amq/queue/")
 # RabbitMQ takes everything after this prefix as the name of an existing queue, verbatim
 # (no unescaping, "/" allowed): the form AMQP 0-9-1 reply-to addresses come back in.
 _REPLY_QUEUE_PREFIX = "/reply-queue/"
+# The first segments of the addresses RabbitMQ reads as no queue (exchanges, topics, the
+# subject-routed /queue, and the forms it refuses): a destination named so is one of those.
+_NO_QUEUE_SEGMENTS = frozenset({"exchange", "topic", "temp-queue", "queue", "amq", "reply-queue"})
 # A sender to this address reaches the queue each message's subject names (the default
 # exchange, routing key = subject); a message with no subject, or naming no queue, is dropped.
 _SUBJECT_ROUTED = "/queue"
@@ -117,12 +125,18 @@ class RabbitMQDialect:
         return f"/amq/queue/{_escape(name)}"
 
     def address_forms(self, name: str) -> tuple[str, ...]:
-        # Queue names never start with "/" here: those are the exchange and topic
-        # addresses (and /queue), which have one spelling each.
-        if not name or name.startswith("/"):
+        # Exchange and topic addresses (and /queue) are named as written: one spelling
+        # each. A queue's name may start with "/" too (/queue/%2Fx is queue "/x").
+        if not name or (name.startswith("/") and name[1:].split("/", 1)[0] in _NO_QUEUE_SEGMENTS):
             return (name,)
         escaped = _escape(name)
         return (name, f"/queue/{escaped}", f"/amq/queue/{escaped}")
+
+    def pattern_core(self, pattern: str) -> str:
+        for prefix in _QUEUE_PREFIXES:
+            if pattern.startswith(prefix) and "/" not in pattern[len(prefix) :]:
+                return _unescape(pattern[len(prefix) :])
+        return pattern
 
 
 class PlainDialect:
@@ -141,6 +155,9 @@ class PlainDialect:
 
     def address_forms(self, name: str) -> tuple[str, ...]:
         return (name,)
+
+    def pattern_core(self, pattern: str) -> str:
+        return pattern
 
 
 RABBITMQ = RabbitMQDialect()

@@ -13,14 +13,11 @@ from typing import Any
 
 from qpid_flow.config import DestinationPolicy, RouterConfig, is_pattern, matches_any, resolve_policy
 from qpid_flow.core.destination import Destination
+from qpid_flow.core.dialect import PLAIN, Dialect
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.plugin.manager import Hooks
 
 __all__ = ["TEMPORARY_PREFIX", "Destinations"]
-
-
-def _the_name_alone(name: str) -> tuple[str, ...]:
-    return (name,)
 
 
 # Names of the temporary queues made for dynamic sources (request/response reply queues).
@@ -41,18 +38,20 @@ class Destinations:
         # Called with each destination deleted, after its last counts (the metrics keep
         # what a deleted destination counted since their last scrape).
         self.deletion_listeners: list[Callable[[Destination], None]] = []
-        # The addresses a destination's name may be written as, which patterns may match:
-        # the name alone until the broker's dialect is known (use_address_forms).
-        self.address_forms: Callable[[str], tuple[str, ...]] = _the_name_alone
+        # How the broker reads addresses: the forms a destination's name may be written in,
+        # which patterns may match. Names alone until the broker's dialect is known.
+        self._dialect: Dialect = PLAIN
 
     def policy_for(self, address: str) -> DestinationPolicy:
-        return resolve_policy(self.policies, address, self._config.base_policy(), self.address_forms(address)[1:])
+        dialect = self._dialect
+        forms = dialect.address_forms(address)[1:]
+        return resolve_policy(self.policies, address, self._config.base_policy(), forms, dialect.pattern_core)
 
-    def use_address_forms(self, address_forms: Callable[[str], tuple[str, ...]]) -> list[Destination]:
-        """Match patterns against ``address_forms`` of each name from now on (in front of
-        RabbitMQ, ``/queue/>`` matches queue ``orders`` as ``/queue/orders``); returns the
-        destinations whose policy changed."""
-        self.address_forms = address_forms
+    def use_dialect(self, dialect: Dialect) -> list[Destination]:
+        """Match patterns against each name's address forms in ``dialect`` from now on
+        (in front of RabbitMQ, ``/queue/>`` matches queue ``orders`` as ``/queue/orders``);
+        returns the destinations whose policy changed."""
+        self._dialect = dialect
         changed = []
         for destination in self._by_address.values():
             policy = self.policy_for(destination.address)
@@ -154,7 +153,7 @@ class Destinations:
     def _reapply(self, name: str) -> list[Destination]:
         changed = []
         for destination in self._by_address.values():
-            if matches_any(name, self.address_forms(destination.address)):
+            if matches_any(name, self._dialect.address_forms(destination.address)):
                 destination.policy = self.policy_for(destination.address)
                 self._hooks.destination_policy_changed(destination=destination)
                 changed.append(destination)

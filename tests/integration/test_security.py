@@ -352,7 +352,7 @@ FORMS_ACL = """
 [[acl]]
 user = "*"
 action = "deny"
-send = ["/queue/forms.orders", "/exchange/>", "/topic/>"]
+send = ["/queue/forms.orders", "/exchange/>", "/topic/>", "/queue/%2Fforms.secret"]
 receive = ["/amq/queue/forms.pay.*"]
 
 [[acl]]
@@ -380,6 +380,9 @@ def test_acl_patterns_in_rabbitmq_address_forms(
         (client.create_sender, "/exchange/amq.direct/forms.orders"),
         (client.create_sender, "/exchange/amq.topic/a.b"),
         (client.create_sender, "/topic/a.b"),
+        # Queue "/forms.secret": a name that starts with "/" was taken for an exchange's.
+        (client.create_sender, "/queue/%2Fforms.secret"),
+        (client.create_sender, "/amq/queue/%2Fforms.secret"),
         (client.create_receiver, "forms.pay.eu"),
         (client.create_receiver, "/queue/forms.pay.eu"),
     ]

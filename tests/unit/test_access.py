@@ -52,6 +52,16 @@ def test_a_pattern_may_name_any_address_form_of_a_name() -> None:
     assert policy.allows("bob", "send", "orders2")
 
 
+def test_a_deny_in_queue_form_guards_a_queue_whose_name_starts_with_a_slash() -> None:
+    """/queue/%2Fsecret is queue "/secret", which was taken for an exchange or topic
+    address (one form): neither /queue/> nor the very address the client wrote denied it."""
+    for pattern in ("/queue/>", "/queue/%2Fsecret"):
+        policy = AccessPolicy([AclEntry("*", send=(pattern,), allow=False), AclEntry("*", send=(">",))])
+        policy.address_forms = RABBITMQ.address_forms
+        assert not policy.allows("bob", "send", RABBITMQ.node("/queue/%2Fsecret").name), pattern
+        assert policy.allows("bob", "send", "/topic/secret"), pattern
+
+
 def test_acl_entries_are_checked_in_the_configuration() -> None:
     config = build_config({"acl": [{"user": "alice", "send": ["a.>"], "action": "deny"}]})
     assert config.acl == (AclEntry("alice", send=("a.>",), receive=(), allow=False),)

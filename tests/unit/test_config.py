@@ -9,13 +9,16 @@ import pytest
 from qpid_flow import hookimpl
 from qpid_flow.config import (
     ConfigError,
+    DestinationPolicy,
     RouterConfig,
     build_config,
     load_config,
     parse_duration,
     parse_size,
     pattern_matches,
+    resolve_policy,
 )
+from qpid_flow.core.dialect import RABBITMQ
 
 
 def test_defaults_are_standalone_on_the_local_port() -> None:
@@ -463,3 +466,28 @@ def test_a_tie_between_patterns_goes_to_the_leftmost_literal_in_any_order(
     for order in (patterns, patterns[::-1]):
         config = build_config({"destinations": {pattern: {"max_count": 1} for pattern in order}})
         assert config.policy_for(address).pattern == winner
+
+
+@pytest.mark.parametrize(
+    ("policies", "address", "wins"),
+    [
+        # A pattern in a queue's address form ranks by the part that names the queue: a
+        # catch-all /queue/> counted "queue" as a literal segment and beat orders.*.
+        (["/queue/>", "orders.*"], "orders.eu", "orders.*"),
+        (["orders.*", "/queue/>"], "orders.eu", "orders.*"),
+        (["/amq/queue/>", "/queue/orders.>"], "orders.eu", "/queue/orders.>"),
+        (["/queue/orders.>", "/amq/queue/>"], "orders.eu", "/queue/orders.>"),
+        (["orders.eu.>", "/queue/>"], "orders.eu.x", "orders.eu.>"),
+        (["/queue/>", "orders.eu.>"], "orders.eu.x", "orders.eu.>"),
+        # Two spellings of one pattern: the same either way round (by the pattern itself).
+        (["/queue/orders.*", "/amq/queue/orders.*"], "orders.eu", "/queue/orders.*"),
+        (["/amq/queue/orders.*", "/queue/orders.*"], "orders.eu", "/queue/orders.*"),
+        (["/topic/>", ">"], "/topic/a.b", "/topic/>"),
+    ],
+)
+def test_precedence_of_patterns_in_rabbitmq_address_forms(policies: list[str], address: str, wins: str) -> None:
+    base = DestinationPolicy(pattern="")
+    table = {name: DestinationPolicy(pattern=name, max_count=n + 1) for n, name in enumerate(policies)}
+    forms = RABBITMQ.address_forms(address)[1:]
+    chosen = resolve_policy(table, address, base, forms, RABBITMQ.pattern_core)
+    assert chosen.pattern == wins

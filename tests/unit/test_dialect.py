@@ -159,4 +159,10 @@ def test_a_rabbitmq_queue_has_three_address_forms_and_an_exchange_one() -> None:
     assert RABBITMQ.address_forms("/topic/a.b") == ("/topic/a.b",)
     assert RABBITMQ.address_forms("/exchange/amq.direct/k") == ("/exchange/amq.direct/k",)
     assert RABBITMQ.address_forms("/queue") == ("/queue",)
+    # A queue's name may start with "/": /queue/%2Fsecret is queue "/secret".
+    assert RABBITMQ.node("/queue/%2Fsecret").name == "/secret"
+    assert RABBITMQ.address_forms("/secret") == ("/secret", "/queue/%2Fsecret", "/amq/queue/%2Fsecret")
+    assert RABBITMQ.pattern_core("/queue/orders.*") == "orders.*"
+    assert RABBITMQ.pattern_core("/amq/queue/a%2F*") == "a/*"
+    assert RABBITMQ.pattern_core("/topic/>") == "/topic/>"
     assert PLAIN.address_forms("/queue/orders") == ("/queue/orders",)
