@@ -562,7 +562,14 @@ class BrokerRouter(Router):
         if peer.state & Endpoint.LOCAL_UNINIT:
             peer.open()
         peer.condition = session.remote_condition
-        peer.close()
+        if self._lingering_on(peer):
+            # Relay transfers still wait to go on its senders: sent to the broker directly
+            # they would have reached it before the end, so they go first (as a client's
+            # close waits for them: _close_upstream), for at most _LINGER seconds.
+            peer.qf_ending = True
+            event.container.schedule(_LINGER, _SessionLingerTimeout(self, peer))
+        else:
+            peer.close()
         pair: _Pair | None = kept(session.connection, "qf_pair")
         if pair is not None and session.connection == pair.upstream and session.remote_condition is not None:
             log.info(
@@ -571,6 +578,19 @@ class BrokerRouter(Router):
                 condition=session.remote_condition.name,
                 description=session.remote_condition.description,
             )
+
+    @staticmethod
+    def _lingering_on(session: Session) -> bool:
+        """Whether a sender of a client that left still sends what waited on ``session``."""
+        pair: _Pair | None = kept(session.connection, "qf_pair")
+        return pair is not None and any(sender.link.session == session for sender in pair.lingering)
+
+    def _end_if_done(self, session: Session) -> None:
+        """End an upstream session the client ended once no sender lingers on it."""
+        if kept(session, "qf_ending") and not self._lingering_on(session):
+            session.qf_ending = False
+            if not session.state & Endpoint.LOCAL_CLOSED:
+                session.close()
 
     def _links_of_session_gone(self, session: Session) -> None:
         link = session.connection.link_head(0)
@@ -875,6 +895,7 @@ class BrokerRouter(Router):
         if pair is None:
             return
         pair.lingering.discard(sender)
+        self._end_if_done(sender.link.session)
         if not pair.lingering and pair.closing is not None:
             _close(pair.upstream, pair.closing[0])
 
@@ -1659,6 +1680,22 @@ def _ended_by_broker(link: Link) -> bool:
         or transport is None
         or transport.closed
     )
+
+
+class _SessionLingerTimeout(Handler):
+    """The lingering senders on a session the client ended had ``_LINGER`` seconds: the
+    upstream session ends now, whatever still waits (dropped)."""
+
+    def __init__(self, router: BrokerRouter, session: Session) -> None:
+        super().__init__()
+        self._router = router
+        self._session = session
+
+    def on_timer_task(self, _event: Any) -> None:
+        pair: _Pair | None = kept(self._session.connection, "qf_pair")
+        for sender in [s for s in pair.lingering if s.link.session == self._session] if pair is not None else []:
+            self._router._linger_done(sender)
+        self._router._end_if_done(self._session)
 
 
 class _LingerTimeout(Handler):

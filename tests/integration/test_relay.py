@@ -569,6 +569,40 @@ def test_relayed_transfers_sent_just_before_a_close_still_reach_the_broker(
         assert bodies(receiver) == [0, 1, 2, 3, 4]
 
 
+def test_relayed_transfers_sent_just_before_a_session_end_still_reach_the_broker(rabbitmq, qpid_flow_process) -> None:
+    """As above, but the producer ends its session (its connection stays open, a consumer
+    on another session). The upstream session ended at once: the five never went, and
+    stayed in the depth for good (with flow control, the queue stayed stopped)."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        broker_url=rabbitmq.url, extra_args=["--admin", admin, "--disable-plugin", "rabbitmq_depth"]
+    )
+    queue = unique("relay-end")
+    with Peer(router.url) as peer:
+        view = peer.sender(None, new_session=True)
+        peer.wait(lambda: view.remote_opened and peer.call(lambda: peer._links[view.name].credit) > 0)
+
+        def send_all_and_end() -> None:
+            link = peer._links[view.name]
+            for index in range(5):
+                link.send(Message(body=index, address=f"/queue/{queue}"))
+            link.session.close()
+
+        peer.call(send_all_and_end)
+        receiver = peer.receiver(f"/queue/{queue}", credit=10, new_session=True)
+        assert peer.wait(lambda: len(receiver.received) >= 5, 10), bodies(receiver)
+        assert bodies(receiver) == [0, 1, 2, 3, 4]
+        for index in range(5):
+            peer.settle(receiver, index, "accepted")
+
+        def depth() -> int:
+            with urllib.request.urlopen(admin_request(admin, "/v1/destinations"), timeout=10) as response:
+                records = json.load(response)["destinations"]
+            return int(next(r["depth"] for r in records if r["name"] == queue))
+
+        assert wait_until(lambda: depth() == 0), depth()
+
+
 def round_trip(url: str, address: str) -> str:
     """Send one message to ``address`` through ``url`` and take it back: its body."""
     from proton.utils import BlockingConnection
