@@ -52,7 +52,7 @@ from qpid_flow.amqp.endpoints import (
     take_transfer,
 )
 from qpid_flow.amqp.guard import contain_errors
-from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, relay_state, remote_settlement
+from qpid_flow.amqp.outcomes import TRANSACTIONAL_STATE, is_terminal, relay_state, remote_settlement
 from qpid_flow.amqp.reactor import Unwritten
 from qpid_flow.amqp.router import (
     ANONYMOUS_RELAY,
@@ -1454,11 +1454,21 @@ class BrokerRouter(Router):
             self.not_sent_here(event)  # a late outcome, or the client's transfer on its receiving link
             return
         delivery, upstream, message = entry
-        settlement = relay_state(delivery, upstream)
-        if delivery.settled:
+        # An outcome the client left unsettled, which the broker settles at once: settled
+        # upstream with it, and answered settled, as the broker answers it directly.
+        settle_now = (
+            not delivery.settled
+            and is_terminal(delivery.remote_state)
+            and not (self.dialect or PLAIN).takes_unsettled_outcomes
+        )
+        settlement = relay_state(delivery, upstream, settle=True if settle_now else None)
+        if delivery.settled or settle_now:
             del route.sent[event.impl]
             without_outcome = not delivery.remote_state
-            delivery.settle()
+            if settle_now:
+                relay_state(delivery, delivery, settle=True)  # its own outcome back, settled
+            else:
+                delivery.settle()
             if settlement is not None:
                 if without_outcome and not (self.dialect or PLAIN).settling_without_outcome_removes:
                     # Relayed as it came; the broker applies its own default outcome, which

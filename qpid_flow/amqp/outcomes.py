@@ -9,7 +9,14 @@ from qpid_flow.amqp.endpoints import LeanDelivery
 from qpid_flow.core.model import Outcome, Settlement
 from qpid_flow.core.transactions import settlement_from_outcome
 
-__all__ = ["TRANSACTIONAL_STATE", "apply_settlement", "apply_transactional", "relay_state", "remote_settlement"]
+__all__ = [
+    "TRANSACTIONAL_STATE",
+    "apply_settlement",
+    "apply_transactional",
+    "is_terminal",
+    "relay_state",
+    "remote_settlement",
+]
 
 # The transactional-state delivery state (AMQP 1.0 part 4.5.5): a transfer or disposition
 # that is part of a transaction carries it, with the txn-id and the outcome inside.
@@ -105,16 +112,22 @@ def apply_transactional(delivery: LeanDelivery, txn_id: bytes, settlement: Settl
     full.settle()
 
 
-def relay_state(source: LeanDelivery, target: LeanDelivery) -> Settlement | None:
+def is_terminal(state: int) -> bool:
+    """Whether ``state`` is an outcome (accepted, rejected, released, modified)."""
+    return state in _TERMINAL
+
+
+def relay_state(source: LeanDelivery, target: LeanDelivery, settle: bool | None = None) -> Settlement | None:
     """Give ``target`` the state the peer gave ``source``, as it was given, settling it when
-    the peer settled: how a consumer's outcome reaches the broker in front of one.
+    the peer settled (or when ``settle`` says so): how a consumer's outcome reaches the
+    broker in front of one.
 
     Accepted and released take the short path; every other state (rejected with its
     condition, modified with its flags and annotations, received) is copied through
     Proton's full wrapper. Returns the terminal outcome, or None while there is none.
     """
     state = source.remote_state
-    settled = source.settled
+    settled = source.settled if settle is None else settle
     if state in (PN_ACCEPTED, PN_RELEASED):
         if not settled:
             target.proton().update(state)

@@ -44,6 +44,10 @@ class Dialect(Protocol):
     # Whether the broker takes the ``modified`` outcome. RabbitMQ 3.10 does not: it ends the
     # session the disposition came on with amqp:invalid-field ("Unrecognised state").
     takes_modified: bool
+    # Whether the broker takes a consumer's outcome left unsettled. RabbitMQ 3.10 does not:
+    # it ends the connection on a disposition that leaves ``settled`` out (as Proton writes
+    # an unsettled one), and settles every outcome at once anyway.
+    takes_unsettled_outcomes: bool
     # Whether a consumer's settlement without an outcome takes the message off the queue.
     # RabbitMQ 3.10's default outcome is released (and it ends the session): it does not.
     settling_without_outcome_removes: bool
@@ -95,6 +99,7 @@ class RabbitMQDialect:
     __slots__ = ()
     name = "rabbitmq"
     takes_modified = False
+    takes_unsettled_outcomes = False
     settling_without_outcome_removes = False
 
     def node(self, address: str) -> Node:
@@ -145,6 +150,7 @@ class PlainDialect:
     __slots__ = ()
     name = "plain"
     takes_modified = True
+    takes_unsettled_outcomes = True
     settling_without_outcome_removes = True
 
     def node(self, address: str) -> Node:

@@ -603,6 +603,35 @@ def test_relayed_transfers_sent_just_before_a_session_end_still_reach_the_broker
         assert wait_until(lambda: depth() == 0), depth()
 
 
+def test_an_outcome_left_unsettled_is_settled_as_the_broker_settles_it(rabbitmq, qpid_flow_process) -> None:
+    """A consumer accepts without settling. RabbitMQ settles it at once, but it ends the
+    connection on a disposition that leaves ``settled`` out, which is how Proton writes an
+    unsettled one: relayed so, the client's whole connection was dropped (a client that
+    writes ``settled=false``, as rhea does, keeps it directly). It goes upstream settled,
+    and the client gets it back settled, as the broker answers it."""
+    router = qpid_flow_process(broker_url=rabbitmq.url)
+    queue = unique("unsettled-outcome")
+    with Peer(router.url) as peer:
+        sender = peer.sender(f"/queue/{queue}")
+        peer.wait(lambda: sender.remote_opened)
+        for index in range(3):
+            peer.send(sender, Message(body=index))
+        receiver = peer.receiver(f"/queue/{queue}", credit=3, auto_accept=False, new_session=True)
+        assert peer.wait(lambda: len(receiver.received) == 3, 10), bodies(receiver)
+        peer.update(receiver, 0, "accepted")
+        assert peer.wait(lambda: peer.settled_by_peer(receiver, 0) == "accepted", 10)
+        peer.update(receiver, 1, "rejected")
+        assert peer.wait(lambda: peer.settled_by_peer(receiver, 1) == "rejected", 10)
+        peer.send(sender, Message(body=3))  # the connection carries on
+        peer.flow(receiver, 1)
+        assert peer.wait(lambda: len(receiver.received) == 4, 10), bodies(receiver)
+        assert not peer.view.errors and not peer.view.disconnected, peer.view.errors
+    with Peer(rabbitmq.url) as consumer:  # what the client neither accepted nor rejected
+        left = consumer.receiver(f"/queue/{queue}", credit=10)
+        consumer.wait(lambda: len(left.received) >= 2, 10)
+        assert sorted(bodies(left)) == [2, 3]
+
+
 def round_trip(url: str, address: str) -> str:
     """Send one message to ``address`` through ``url`` and take it back: its body."""
     from proton.utils import BlockingConnection

@@ -464,6 +464,26 @@ class Peer:
 
         self.call(do)
 
+    def update(self, link: LinkView, index: int, outcome: str) -> None:
+        """Give the index-th delivery received on `link` an outcome and leave it unsettled
+        (the peer may settle it)."""
+
+        def do() -> None:
+            state = {v: k for k, v in _OUTCOMES.items()}[outcome]
+            self._deliveries[link.name][index].update(state)
+
+        self.call(do)
+
+    def settled_by_peer(self, link: LinkView, index: int) -> str | None:
+        """The outcome the peer settled the index-th delivery received on `link` with,
+        or None while the peer has not settled it."""
+
+        def read() -> str | None:
+            dlv = self._deliveries[link.name][index]
+            return _OUTCOMES.get(dlv.remote_state, str(dlv.remote_state)) if dlv.settled else None
+
+        return self.call(read)
+
     def detach(self, link: LinkView, *, close: bool = True, wait: bool = True) -> bool:
         """End a link: close=True is a closing detach, False a plain detach (a durable
         subscription survives it). Returns True when the peer answered in time."""
