@@ -547,6 +547,7 @@ class BrokerRouter(Router):
             for link, condition, description in kept(peer, "qf_refusals") or ():
                 super()._refuse_link(link, condition, description)
             peer.qf_refusals = None
+        self._end_if_done(session)  # the client ended it before the broker's begin came
 
     def on_session_remote_close(self, event: Event) -> None:
         """As links: the other side is told, and this side answered when it answers."""
@@ -568,6 +569,11 @@ class BrokerRouter(Router):
             # close waits for them: _close_upstream), for at most _LINGER seconds.
             peer.qf_ending = True
             event.container.schedule(_LINGER, _SessionLingerTimeout(self, peer))
+        elif peer.state & Endpoint.REMOTE_UNINIT:
+            # The broker has not answered its begin: ended now, Proton would free the
+            # channel, and the broker's answer to an unknown channel ends the connection
+            # (a client's begin and end in one write lost it). Ended once the answer comes.
+            peer.qf_ending = True
         else:
             peer.close()
         pair: _Pair | None = kept(session.connection, "qf_pair")
@@ -586,8 +592,13 @@ class BrokerRouter(Router):
         return pair is not None and any(sender.link.session == session for sender in pair.lingering)
 
     def _end_if_done(self, session: Session) -> None:
-        """End an upstream session the client ended once no sender lingers on it."""
-        if kept(session, "qf_ending") and not self._lingering_on(session):
+        """End an upstream session the client ended once the broker has begun it and no
+        sender lingers on it."""
+        if (
+            kept(session, "qf_ending")
+            and not session.state & Endpoint.REMOTE_UNINIT
+            and not self._lingering_on(session)
+        ):
             session.qf_ending = False
             if not session.state & Endpoint.LOCAL_CLOSED:
                 session.close()

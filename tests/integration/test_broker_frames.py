@@ -71,3 +71,23 @@ def test_a_control_message_that_never_ends_ends_its_link_not_the_memory(rabbitmq
     other = unique_address("after-the-controller")
     send_messages(router.url, other, numbered_messages(1), timeout=15)
     assert [m.body["seq"] for m in receive_messages(router.url, other, 1, timeout=15)] == [0]
+
+
+def test_a_session_begun_and_ended_in_one_write_is_answered_and_the_connection_carries_on(
+    rabbitmq, qpid_flow_process
+) -> None:
+    """A client begins and ends a session in one write. RabbitMQ answers begin, then end.
+    qpid-flow ended the upstream session before the broker's begin came back: Proton had
+    freed the channel, took the answer for an unknown channel ("begin reply to unknown
+    channel 0") and dropped the connection, the client's other sessions with it."""
+    router = qpid_flow_process(broker_url=rabbitmq.url)
+    peer = FrameSocket(router.port)
+    peer.send(open_frame())
+    assert peer.read_until(lambda: bool(peer.named("open")), timeout=15)
+    peer.send(begin_frame(), frame(0x17, []))  # begin and end on channel 0, in one write
+    assert peer.read_until(lambda: bool(peer.named("end")), timeout=15), peer.received
+    assert [p.name for p in peer.received if p.name in ("begin", "end")] == ["begin", "end"]
+    peer.send(frame(0x11, [None, uint(0), uint(2048), uint(2048)], channel=1))
+    assert peer.read_until(lambda: len(peer.named("begin")) == 2, timeout=15), peer.received
+    assert not peer.named("close") and not peer.closed_by_peer
+    peer.close()
