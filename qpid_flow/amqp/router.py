@@ -899,9 +899,22 @@ class Router(Handler):
             self.memory.release_arriving(arriving.held)
             return False
         take_transfer(link, delivery.pending)  # the rest, dropped too
-        refused = Message(b"", producer.address or "", producer.id)
-        description = f"message arriving would pass memory_limit ({self.memory.limit} bytes) held unforwarded"
-        self._refuse_transfer(link, delivery, refused, RESOURCE_LIMIT, description)
+        refusal = Reject(f"the message arriving would pass memory_limit ({self.memory.limit} bytes)", RESOURCE_LIMIT)
+        destination = self.destinations.find(producer.address) if producer.address else None
+        message = Message(b"", destination.address if destination is not None else "", producer.id)
+        if delivery.remote_state == TRANSACTIONAL_STATE and not self._join_transaction(link, delivery, message):
+            self._refuse_transfer(link, delivery, message, UNKNOWN_ID, "the transfer names no open transaction")
+            return True
+        if destination is None:  # an anonymous relay's: its 'to' went with the bytes dropped
+            self._refuse_transfer(link, delivery, message, RESOURCE_LIMIT, refusal.description)
+            return True
+        # As any refusal of a policy's: counted in the destination's refused, and a
+        # transaction it belongs to is rolled back at its discharge (all or nothing).
+        producer.transfers += 1
+        if not delivery.settled:
+            message.origin = delivery
+            producer.unsettled += 1
+        self._apply_decision(refusal, destination, message)
         return True
 
     def _forget_arriving(self, producer: Producer | None) -> None:
@@ -1081,7 +1094,14 @@ class Router(Handler):
         log.info("transfer_refused", condition=condition, description=description)
         producer: Producer = kept(link, "qf_producer")
         settlement = Settlement(Outcome.REJECTED, condition, description)
-        if not delivery.settled:
+        txn = message.txn
+        if txn is not None:
+            # All or nothing: the transaction it joined is rolled back at its discharge.
+            txn.failure = txn.failure or f"a transfer was rejected: {description}"
+            txn.undecided -= 1
+            apply_transactional(delivery, txn.id, settlement)
+            self.coordinator.try_commit(txn)
+        elif not delivery.settled:
             apply_settlement(delivery, settlement)
         else:
             delivery.settle()

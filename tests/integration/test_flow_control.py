@@ -763,6 +763,7 @@ def test_messages_still_arriving_count_against_memory_limit(start_router) -> Non
         streamer.do("finish", second)
         assert wait_until(lambda: second in streamer.outcomes), streamer.outcomes
         assert streamer.outcomes[second] == ("rejected", "amqp:resource-limit-exceeded")
+        assert router.stat(second)["refused"] == 1  # as any refusal of a policy's
         assert 600_000 <= waiting_bytes() <= 1024 * 1024
         # An aborted message leaves the count; the first goes on and is accepted.
         streamer.do("begin", aborted, 700_000)

@@ -70,6 +70,10 @@ class TxClient(MessagingHandler, TransactionHandler):
         self.result = ""
         self.error: BaseException | None = None
 
+    def body(self, number: int) -> Any:
+        """The body of the ``number``-th message sent (from 1)."""
+        return f"tx-{number}"
+
     def on_start(self, event: Event) -> None:
         self.container = event.container
         self.connection = event.container.connect(self.url, reconnect=False)
@@ -98,7 +102,7 @@ class TxClient(MessagingHandler, TransactionHandler):
     def _send(self) -> None:
         while self.transaction and self.sent < self.to_send and self.sender.credit:
             self.sent += 1
-            self.transaction.send(self.sender, Message(body=f"tx-{self.sent}", durable=True))
+            self.transaction.send(self.sender, Message(body=self.body(self.sent), durable=True))
         self._maybe_discharge()
 
     def on_delivery(self, event: Event) -> None:
@@ -384,6 +388,28 @@ def test_a_transaction_with_a_rejected_transfer_is_rolled_back(qpid_flow_process
     assert stats(admin, "tx.rej")["depth"] == 0
     _send_plain(router, "tx.rej", 3)  # the destination takes plain producers as before
     assert drain(router, "tx.rej", 3) == ["plain-0", "plain-1", "plain-2"]
+
+
+class _OneLarge(TxClient):
+    """Sends a small message, then one of 300 kB (several transfers), in one transaction."""
+
+    def body(self, number: int) -> Any:
+        return b"x" * 300_000 if number == 2 else f"tx-{number}"
+
+
+def test_a_transaction_with_a_transfer_refused_while_arriving_is_rolled_back(qpid_flow_process: StartRouter) -> None:
+    """A transactional message refused while it arrived (it would pass memory_limit) was
+    answered rejected without its transaction, and the commit went through: the small
+    message went in, the large one was lost from an all-or-nothing unit."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='memory_limit = "100 KB"\ndefault_max_size = 0\n[destinations."tx.arriving"]\n',
+        extra_args=["--admin", admin],
+    )
+    client = _OneLarge(router.url, "tx.arriving", send=2).run()
+    assert client.result == "commit failed: amqp:transaction:rollback"
+    record = stats(admin, "tx.arriving")
+    assert (record["depth"], record["refused"]) == (0, 1)
 
 
 def test_a_transfer_held_for_what_a_transaction_staged_goes_in_at_its_rollback(qpid_flow_process: StartRouter) -> None:
