@@ -1094,6 +1094,8 @@ class Router(Handler):
         log.info("transfer_refused", condition=condition, description=description)
         producer: Producer = kept(link, "qf_producer")
         settlement = Settlement(Outcome.REJECTED, condition, description)
+        if message.txn is None and delivery.remote_state == TRANSACTIONAL_STATE:
+            self._join_transaction(link, delivery, message)  # refused before it joined
         txn = message.txn
         if txn is not None:
             # All or nothing: the transaction it joined is rolled back at its discharge.

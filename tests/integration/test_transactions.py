@@ -74,6 +74,10 @@ class TxClient(MessagingHandler, TransactionHandler):
         """The body of the ``number``-th message sent (from 1)."""
         return f"tx-{number}"
 
+    def message(self, number: int) -> Message:
+        """The ``number``-th message sent (from 1)."""
+        return Message(body=self.body(number), durable=True)
+
     def on_start(self, event: Event) -> None:
         self.container = event.container
         self.connection = event.container.connect(self.url, reconnect=False)
@@ -102,7 +106,7 @@ class TxClient(MessagingHandler, TransactionHandler):
     def _send(self) -> None:
         while self.transaction and self.sent < self.to_send and self.sender.credit:
             self.sent += 1
-            self.transaction.send(self.sender, Message(body=self.body(self.sent), durable=True))
+            self.transaction.send(self.sender, self.message(self.sent))
         self._maybe_discharge()
 
     def on_delivery(self, event: Event) -> None:
@@ -410,6 +414,26 @@ def test_a_transaction_with_a_transfer_refused_while_arriving_is_rolled_back(qpi
     assert client.result == "commit failed: amqp:transaction:rollback"
     record = stats(admin, "tx.arriving")
     assert (record["depth"], record["refused"]) == (0, 1)
+
+
+class _RelayToTwo(TxClient):
+    """Sends on an anonymous-relay link (``address`` None): to tx.relay.ok, then to an
+    address that names no destination."""
+
+    def message(self, number: int) -> Message:
+        return Message(body=self.body(number), address="tx.relay.ok" if number == 1 else "tx.relay.missing")
+
+
+def test_a_transaction_with_a_relay_transfer_to_no_destination_is_rolled_back(qpid_flow_process: StartRouter) -> None:
+    """A relay transfer the router refuses itself (no destination, not allowed) was
+    rejected outside the transaction it named, and the commit put the others in."""
+    admin = f"127.0.0.1:{free_port()}"
+    router = qpid_flow_process(
+        config_text='auto_create = false\n[destinations."tx.relay.ok"]\n', extra_args=["--admin", admin]
+    )
+    client = _RelayToTwo(router.url, None, send=2).run()  # type: ignore[arg-type]
+    assert client.result == "commit failed: amqp:transaction:rollback"
+    assert stats(admin, "tx.relay.ok")["depth"] == 0
 
 
 def test_a_transfer_held_for_what_a_transaction_staged_goes_in_at_its_rollback(qpid_flow_process: StartRouter) -> None:
