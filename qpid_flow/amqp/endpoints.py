@@ -38,12 +38,12 @@ __all__ = [
     "LeanDelivery",
     "LinkFlowEvent",
     "delivery_tags",
-    "drop_transfer_bytes",
     "keep_link",
     "kept",
     "new_delivery",
     "send_transfer",
     "take_transfer",
+    "take_transfer_part",
 ]
 
 
@@ -59,14 +59,14 @@ def take_transfer(link: Link, size: int) -> bytes:
     return bytes(buffer) if received == size else bytes(buffer[: max(received, 0)])
 
 
-def drop_transfer_bytes(link: Link, size: int) -> int:
-    """Read and drop the ``size`` bytes the current (incomplete) delivery on a receiving
-    link holds, staying on that delivery; the number of bytes dropped."""
+def take_transfer_part(link: Link, size: int) -> bytes:
+    """The ``size`` bytes the current (incomplete) delivery on a receiving link holds so
+    far, staying on that delivery (its next transfers add to it)."""
     buffer = bytearray(size)
     received = lib.pn_link_recv(link._impl, ffi.from_buffer(buffer), size)
     if received < 0 and received != PN_EOS:
         link._check(received)  # raises Proton's LinkException
-    return max(received, 0)
+    return bytes(buffer[: max(received, 0)])
 
 
 def send_transfer(link: Link, data: bytes) -> None:

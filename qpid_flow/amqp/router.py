@@ -45,12 +45,12 @@ from qpid_flow.amqp.endpoints import (
     DeliveryEvent,
     LeanDelivery,
     delivery_tags,
-    drop_transfer_bytes,
     keep_link,
     kept,
     new_delivery,
     send_transfer,
     take_transfer,
+    take_transfer_part,
 )
 from qpid_flow.amqp.guard import contain_errors
 from qpid_flow.amqp.messages import with_message_annotations
@@ -872,7 +872,7 @@ class Router(Handler):
         if arriving is None:
             arriving = self._arriving[producer.id] = _Arriving()
         if arriving.refused:
-            arriving.dropped += drop_transfer_bytes(link, delivery.pending)
+            arriving.dropped += len(take_transfer_part(link, delivery.pending))
             if self._max_message_size and arriving.dropped > self._max_message_size:
                 self._message_too_large(link, delivery)
             return
@@ -885,7 +885,15 @@ class Router(Handler):
         memory.release_arriving(arriving.held)
         arriving.held = 0
         arriving.refused = True
-        arriving.dropped = drop_transfer_bytes(link, delivery.pending)
+        first = take_transfer_part(link, delivery.pending)
+        arriving.dropped = len(first)
+        if producer.address is None:
+            # An anonymous relay's: where it went is in the first bytes (the properties
+            # come before the body), read before they are dropped, for its refusal.
+            try:
+                arriving.to = self.relay_address(producer, first)
+            except codec.MalformedMessage:
+                arriving.to = None
 
     def _refused_while_arriving(self, link: Link, delivery: LeanDelivery) -> bool:
         """The last transfer of a message that arrived in several: its arriving bytes
@@ -898,14 +906,16 @@ class Router(Handler):
         if not arriving.refused:
             self.memory.release_arriving(arriving.held)
             return False
-        take_transfer(link, delivery.pending)  # the rest, dropped too
+        size = arriving.dropped + len(take_transfer(link, delivery.pending))  # the rest, dropped too
         refusal = Reject(f"the message arriving would pass memory_limit ({self.memory.limit} bytes)", RESOURCE_LIMIT)
-        destination = self.destinations.find(producer.address) if producer.address else None
-        message = Message(b"", destination.address if destination is not None else "", producer.id)
+        address = producer.address if producer.address is not None else arriving.to
+        destination = self.destinations.find(self.destination_name(address)) if address else None
+        message = Message(b"", destination.address if destination is not None else address or "", producer.id)
+        message.size = size  # what it was (the event log's size), though its bytes are gone
         if delivery.remote_state == TRANSACTIONAL_STATE and not self._join_transaction(link, delivery, message):
             self._refuse_transfer(link, delivery, message, UNKNOWN_ID, "the transfer names no open transaction")
             return True
-        if destination is None:  # an anonymous relay's: its 'to' went with the bytes dropped
+        if destination is None:  # a relay's 'to' that names none (or could not be read)
             self._refuse_transfer(link, delivery, message, RESOURCE_LIMIT, refusal.description)
             return True
         # As any refusal of a policy's: counted in the destination's refused, and a
@@ -1595,9 +1605,10 @@ def _is_selector(value: Any) -> bool:
 class _Arriving:
     """A message a producer link is sending in several transfers, under memory_limit."""
 
-    __slots__ = ("dropped", "held", "refused")
+    __slots__ = ("dropped", "held", "refused", "to")
 
     def __init__(self) -> None:
         self.held = 0  # its bytes counted against memory_limit so far
         self.refused = False  # it would have passed the limit: read and dropped, then rejected
         self.dropped = 0  # the bytes read and dropped since (max_message_size still applies)
+        self.to: str | None = None  # an anonymous relay's: the 'to' its first bytes named

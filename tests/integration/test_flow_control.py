@@ -782,6 +782,39 @@ def test_messages_still_arriving_count_against_memory_limit(start_router) -> Non
     assert [len(r.message.body) for r in consumer.received] == [700_000]
 
 
+def test_a_message_refused_while_arriving_is_counted_where_it_was_sent(start_router, tmp_path) -> None:
+    """A 300 kB message refused while it arrived (memory_limit 100 KB), sent on a named
+    link and on an anonymous relay: both count in their destination's refused, and the
+    event log names the destination and the size. The relay's was logged with address ""
+    and counted nowhere (its 'to' went with the bytes dropped); both were logged size 0."""
+    from proton.utils import BlockingConnection, SendException
+
+    name = unique("arriving-counted")
+    events = tmp_path / "events.jsonl"
+    router = start_router(f'events = "{events}"\nmemory_limit = "100 KB"\ndefault_max_size = 0\n')
+    connection = BlockingConnection(router.url, timeout=20)
+    try:
+        named, relay = connection.create_sender(name), connection.create_sender(None)
+        for sender, message in (
+            (named, Message(body=b"x" * 300_000)),
+            (relay, Message(address=name, body=b"y" * 300_000)),
+        ):
+            with pytest.raises(SendException) as refused:
+                sender.send(message)
+            assert refused.value.state == Delivery.REJECTED
+    finally:
+        connection.close()
+    assert router.stat(name)["refused"] == 2
+
+    def refusals() -> list[dict[str, Any]]:
+        lines = events.read_text().splitlines() if events.exists() else []
+        records = [json.loads(line) for line in lines if '"transfer_settled"' in line]
+        return [r for r in records if r.get("condition") == "amqp:resource-limit-exceeded"]
+
+    assert wait_until(lambda: len(refusals()) == 2, timeout=10), refusals()
+    assert [(r["address"], r["size"] > 300_000) for r in refusals()] == [(name, True)] * 2
+
+
 def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabbitmq, qpid_flow_process) -> None:
     """The RabbitMQ depth plugin counts what the broker held before qpid-flow started."""
     name = unique("backlog")
