@@ -567,13 +567,13 @@ class BrokerRouter(Router):
             # Relay transfers still wait to go on its senders: sent to the broker directly
             # they would have reached it before the end, so they go first (as a client's
             # close waits for them: _close_upstream), for at most _LINGER seconds.
-            peer.qf_ending = True
+            peer.qf_end_pending = True
             event.container.schedule(_LINGER, _SessionLingerTimeout(self, peer))
         elif peer.state & Endpoint.REMOTE_UNINIT:
             # The broker has not answered its begin: ended now, Proton would free the
             # channel, and the broker's answer to an unknown channel ends the connection
             # (a client's begin and end in one write lost it). Ended once the answer comes.
-            peer.qf_ending = True
+            peer.qf_end_pending = True
         else:
             peer.close()
         pair: _Pair | None = kept(session.connection, "qf_pair")
@@ -595,11 +595,11 @@ class BrokerRouter(Router):
         """End an upstream session the client ended once the broker has begun it and no
         sender lingers on it."""
         if (
-            kept(session, "qf_ending")
+            kept(session, "qf_end_pending")
             and not session.state & Endpoint.REMOTE_UNINIT
             and not self._lingering_on(session)
         ):
-            session.qf_ending = False
+            session.qf_end_pending = False
             if not session.state & Endpoint.LOCAL_CLOSED:
                 session.close()
 

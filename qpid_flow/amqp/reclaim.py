@@ -102,7 +102,7 @@ def _session_ended(session_impl: Any) -> None:
     """A session ended both ways is freed, with its links, at the next :func:`flush`."""
     session = Session.wrap(session_impl)
     attrs = _attrs(session)
-    if _FREED in attrs or _ENDING in attrs or session.state & _CLOSED_BOTH != _CLOSED_BOTH:
+    if _FREED in attrs or attrs.get(_ENDING) or session.state & _CLOSED_BOTH != _CLOSED_BOTH:
         return
     attrs[_ENDING] = True
     _ending.append(session)
