@@ -909,6 +909,14 @@ class Router(Handler):
         size = arriving.dropped + len(take_transfer(link, delivery.pending))  # the rest, dropped too
         refusal = Reject(f"the message arriving would pass memory_limit ({self.memory.limit} bytes)", RESOURCE_LIMIT)
         address = producer.address if producer.address is not None else arriving.to
+        if producer.address is None and address:
+            user = user_of(link.connection)
+            if not self.access.allows(user, "send", self.acl_name(address)):
+                # The ACL's answer first, as for any relay transfer: not counted there.
+                refused = Message(b"", address, producer.id)
+                refused.size = size
+                self._refuse_transfer(link, delivery, refused, UNAUTHORIZED, _not_allowed(user, "send", address))
+                return True
         destination = self.destinations.find(self.destination_name(address)) if address else None
         message = Message(b"", destination.address if destination is not None else address or "", producer.id)
         message.size = size  # what it was (the event log's size), though its bytes are gone

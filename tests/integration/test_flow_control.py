@@ -815,6 +815,30 @@ def test_a_message_refused_while_arriving_is_counted_where_it_was_sent(start_rou
     assert [(r["address"], r["size"] > 300_000) for r in refusals()] == [(name, True)] * 2
 
 
+def test_a_relay_message_refused_while_arriving_gets_the_acls_answer_first(start_router) -> None:
+    """A 300 kB relay message to a destination the ACL denies, under memory_limit 100 KB:
+    the client is told unauthorized-access, as for a small one, and the destination does
+    not count it (it got resource-limit-exceeded, counted in the denied destination)."""
+    from proton.utils import BlockingConnection, SendException
+
+    secret = unique("arriving-secret")
+    deny = f'[[acl]]\nuser = "*"\naction = "deny"\nsend = ["{secret}"]\n'
+    allow = '[[acl]]\nuser = "*"\nsend = [">"]\nreceive = [">"]\n'
+    router = start_router(f'memory_limit = "100 KB"\ndefault_max_size = 0\n{deny}{allow}[destinations."{secret}"]\n')
+    connection = BlockingConnection(router.url, timeout=20)
+    try:
+        relay = connection.create_sender(None)
+        for size in (10, 300_000):
+            with pytest.raises(SendException) as refused:
+                relay.send(Message(address=secret, body=b"z" * size))
+            assert refused.value.state == Delivery.REJECTED
+    finally:
+        connection.close()
+    refusals = [line for line in router.process.log_text().splitlines() if '"transfer_refused"' in line]
+    assert ["amqp:unauthorized-access" in line for line in refusals] == [True, True], refusals
+    assert router.stat(secret)["refused"] == 0
+
+
 def test_a_backlog_left_in_the_broker_counts_with_the_rabbitmq_depth_plugin(rabbitmq, qpid_flow_process) -> None:
     """The RabbitMQ depth plugin counts what the broker held before qpid-flow started."""
     name = unique("backlog")
