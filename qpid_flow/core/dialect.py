@@ -93,6 +93,17 @@ def _escape(name: str) -> str:
     return name.replace("/", "%2F")
 
 
+# RabbitMQ's direct reply-to (an AMQP 0-9-1 client's reply_to): a pseudo-queue that stores
+# nothing, each reply handed straight to the requester's channel. Counted as a queue, its
+# depth only grew (no consumer reads it through qpid-flow), and a '>' policy held an RPC
+# server's replies every few messages.
+_DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
+
+
+def _queue_unless_direct_reply(address: str, name: str) -> Node:
+    return Node(address, False) if name.startswith(_DIRECT_REPLY_TO) else Node(name, True)
+
+
 class RabbitMQDialect:
     """RabbitMQ's AMQP 1.0 plugin: ``X``, ``/queue/X`` and ``/amq/queue/X`` are queue X."""
 
@@ -105,15 +116,15 @@ class RabbitMQDialect:
     def node(self, address: str) -> Node:
         if "/" not in address:
             # An empty address is no queue name (RabbitMQ would make up a name of its own).
-            return Node(_unescape(address), True) if address else Node(address, False)
+            return _queue_unless_direct_reply(address, _unescape(address)) if address else Node(address, False)
         for prefix in _QUEUE_PREFIXES:
             if address.startswith(prefix):
                 name = address[len(prefix) :]
                 if name and "/" not in name:
-                    return Node(_unescape(name), True)
+                    return _queue_unless_direct_reply(address, _unescape(name))
                 return Node(address, False)
         if address.startswith(_REPLY_QUEUE_PREFIX) and len(address) > len(_REPLY_QUEUE_PREFIX):
-            return Node(address[len(_REPLY_QUEUE_PREFIX) :], True)
+            return _queue_unless_direct_reply(address, address[len(_REPLY_QUEUE_PREFIX) :])
         if address == _SUBJECT_ROUTED:
             return Node(address, False, by_subject=True)
         # /exchange/..., /topic/..., /temp-queue/..., or refused.
@@ -133,6 +144,8 @@ class RabbitMQDialect:
         # Exchange and topic addresses (and /queue) are named as written: one spelling
         # each. A queue's name may start with "/" too (/queue/%2Fx is queue "/x").
         if not name or (name.startswith("/") and name[1:].split("/", 1)[0] in _NO_QUEUE_SEGMENTS):
+            return (name,)
+        if name.startswith(_DIRECT_REPLY_TO):
             return (name,)
         escaped = _escape(name)
         return (name, f"/queue/{escaped}", f"/amq/queue/{escaped}")

@@ -166,3 +166,20 @@ def test_a_rabbitmq_queue_has_three_address_forms_and_an_exchange_one() -> None:
     assert RABBITMQ.pattern_core("/amq/queue/a%2F*") == "a/*"
     assert RABBITMQ.pattern_core("/topic/>") == "/topic/>"
     assert PLAIN.address_forms("/queue/orders") == ("/queue/orders",)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "amq.rabbitmq.reply-to",
+        "amq.rabbitmq.reply-to.g1h2AA5yZXBseUAyNjMyNTE5OQAAPT4AAAAAAAAAAQ==",
+        "/queue/amq.rabbitmq.reply-to.g1h2AA5yZXBseUAy",
+        "/reply-queue/amq.rabbitmq.reply-to.g1h2AA5yZXBseUAy",
+    ],
+)
+def test_rabbitmqs_direct_reply_to_is_no_queue(address: str) -> None:
+    """An AMQP 0-9-1 requester's reply_to stores nothing: counted as a queue its depth only
+    grew, and a '>' policy held an RPC server's replies every few messages."""
+    node = RABBITMQ.node(address)
+    assert (node.name, node.is_queue) == (address, False)
+    assert RABBITMQ.address_forms(node.name) == (address,)
