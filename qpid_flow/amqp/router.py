@@ -887,26 +887,37 @@ class Router(Handler):
         arriving.refused = True
         first = take_transfer_part(link, delivery.pending)
         arriving.dropped = len(first)
-        if producer.address is None:
-            # An anonymous relay's: where it went is in the first bytes (the properties
-            # come before the body), read before they are dropped, for its refusal.
-            try:
-                arriving.to = self.relay_address(producer, first)
-            except codec.MalformedMessage:
-                arriving.to = None
+        arriving.to = self._relay_to(producer, first)
+
+    def _relay_to(self, producer: Producer, first: bytes) -> str | None:
+        """An anonymous relay's 'to', from a message's first bytes (the properties come
+        before the body), read before they are dropped, for its refusal; None for a
+        named link's, or if they do not hold it whole."""
+        if producer.address is not None:
+            return None
+        try:
+            return self.relay_address(producer, first)
+        except codec.MalformedMessage:
+            return None
 
     def _refused_while_arriving(self, link: Link, delivery: LeanDelivery) -> bool:
         """The last transfer of a message that arrived in several: its arriving bytes
-        leave the count (the message is counted where it goes), or, refused on the way,
-        it is rejected now. True if it was."""
+        leave the count (the message is counted where it goes), or, refused on the way
+        or now that it is whole (its last transfer took it past the limit), it is
+        rejected. True if it was."""
         producer: Producer | None = kept(link, "qf_producer")
         arriving = self._arriving.pop(producer.id, None) if producer is not None else None
         if arriving is None or producer is None:
             return False
+        memory = self.memory
         if not arriving.refused:
-            self.memory.release_arriving(arriving.held)
-            return False
-        size = arriving.dropped + len(take_transfer(link, delivery.pending))  # the rest, dropped too
+            memory.release_arriving(arriving.held)
+            if not memory.limit or memory.waiting + delivery.pending <= memory.limit:
+                return False
+            data = take_transfer(link, delivery.pending)
+            size, arriving.to = len(data), self._relay_to(producer, data)
+        else:
+            size = arriving.dropped + len(take_transfer(link, delivery.pending))  # the rest, dropped too
         refusal = Reject(f"the message arriving would pass memory_limit ({self.memory.limit} bytes)", RESOURCE_LIMIT)
         address = producer.address if producer.address is not None else arriving.to
         if producer.address is None and address:

@@ -815,6 +815,26 @@ def test_a_message_refused_while_arriving_is_counted_where_it_was_sent(start_rou
     assert [(r["address"], r["size"] > 300_000) for r in refusals()] == [(name, True)] * 2
 
 
+def test_a_message_whose_last_transfer_takes_it_past_memory_limit_is_refused(start_router) -> None:
+    """memory_limit 100000: a 125 kB message in 32 KiB frames stood at 98 kB before its
+    last transfer, and was taken whole (memory then over the limit with nothing else
+    held). It is refused; one of 60 kB goes in."""
+    from proton.utils import BlockingConnection, SendException
+
+    name = unique("arriving-last")
+    router = start_router("memory_limit = 100000\ndefault_max_size = 0\n")
+    connection = BlockingConnection(router.url, timeout=20)
+    try:
+        sender = connection.create_sender(name)
+        with pytest.raises(SendException) as refused:
+            sender.send(Message(body=b"x" * 125_000))
+        assert refused.value.state == Delivery.REJECTED
+        sender.send(Message(body=b"y" * 60_000))
+    finally:
+        connection.close()
+    assert router.stat(name)["refused"] == 1
+
+
 def test_a_relay_message_refused_while_arriving_gets_the_acls_answer_first(start_router) -> None:
     """A 300 kB relay message to a destination the ACL denies, under memory_limit 100 KB:
     the client is told unauthorized-access, as for a small one, and the destination does
