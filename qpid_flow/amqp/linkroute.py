@@ -1195,7 +1195,7 @@ class BrokerRouter(Router):
             route.relays[address] = sender
         node = self._node(sender.address)
         # A message routed by its subject counts in the subject's queue (relay_address).
-        counted = node.is_queue or (node.by_subject and destination.address != sender.address)
+        counted = (node.is_queue and node.keeps_depth) or (node.by_subject and destination.address != sender.address)
         if counted:
             # It counts in the destination's depth from now on: it is on its way to the broker.
             destination.count_in(message)

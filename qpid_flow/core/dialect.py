@@ -35,6 +35,10 @@ class Node:
     # True: the broker routes each message to the queue its ``subject`` names (RabbitMQ's
     # ``/queue``, through the default exchange), so the address names no queue by itself.
     by_subject: bool = False
+    # False: named as a queue (policies, ACLs and statistics match its every spelling),
+    # but the broker stores nothing there, so qpid-flow counts no depth (RabbitMQ's direct
+    # reply-to).
+    keeps_depth: bool = True
 
 
 class Dialect(Protocol):
@@ -94,14 +98,14 @@ def _escape(name: str) -> str:
 
 
 # RabbitMQ's direct reply-to (an AMQP 0-9-1 client's reply_to): a pseudo-queue that stores
-# nothing, each reply handed straight to the requester's channel. Counted as a queue, its
-# depth only grew (no consumer reads it through qpid-flow), and a '>' policy held an RPC
-# server's replies every few messages.
+# nothing, each reply handed straight to the requester's channel. Its depth counted, it
+# only grew (no consumer reads it through qpid-flow), and a '>' policy held an RPC server's
+# replies every few messages. Still named as a queue: an ACL on it covers every spelling.
 _DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 
 
-def _queue_unless_direct_reply(address: str, name: str) -> Node:
-    return Node(address, False) if name.startswith(_DIRECT_REPLY_TO) else Node(name, True)
+def _queue_node(name: str) -> Node:
+    return Node(name, True, keeps_depth=not name.startswith(_DIRECT_REPLY_TO))
 
 
 class RabbitMQDialect:
@@ -116,15 +120,15 @@ class RabbitMQDialect:
     def node(self, address: str) -> Node:
         if "/" not in address:
             # An empty address is no queue name (RabbitMQ would make up a name of its own).
-            return _queue_unless_direct_reply(address, _unescape(address)) if address else Node(address, False)
+            return _queue_node(_unescape(address)) if address else Node(address, False)
         for prefix in _QUEUE_PREFIXES:
             if address.startswith(prefix):
                 name = address[len(prefix) :]
                 if name and "/" not in name:
-                    return _queue_unless_direct_reply(address, _unescape(name))
+                    return _queue_node(_unescape(name))
                 return Node(address, False)
         if address.startswith(_REPLY_QUEUE_PREFIX) and len(address) > len(_REPLY_QUEUE_PREFIX):
-            return _queue_unless_direct_reply(address, address[len(_REPLY_QUEUE_PREFIX) :])
+            return _queue_node(address[len(_REPLY_QUEUE_PREFIX) :])
         if address == _SUBJECT_ROUTED:
             return Node(address, False, by_subject=True)
         # /exchange/..., /topic/..., /temp-queue/..., or refused.
@@ -144,8 +148,6 @@ class RabbitMQDialect:
         # Exchange and topic addresses (and /queue) are named as written: one spelling
         # each. A queue's name may start with "/" too (/queue/%2Fx is queue "/x").
         if not name or (name.startswith("/") and name[1:].split("/", 1)[0] in _NO_QUEUE_SEGMENTS):
-            return (name,)
-        if name.startswith(_DIRECT_REPLY_TO):
             return (name,)
         escaped = _escape(name)
         return (name, f"/queue/{escaped}", f"/amq/queue/{escaped}")

@@ -177,9 +177,12 @@ def test_a_rabbitmq_queue_has_three_address_forms_and_an_exchange_one() -> None:
         "/reply-queue/amq.rabbitmq.reply-to.g1h2AA5yZXBseUAy",
     ],
 )
-def test_rabbitmqs_direct_reply_to_is_no_queue(address: str) -> None:
-    """An AMQP 0-9-1 requester's reply_to stores nothing: counted as a queue its depth only
-    grew, and a '>' policy held an RPC server's replies every few messages."""
+def test_rabbitmqs_direct_reply_to_keeps_no_depth_and_every_spelling(address: str) -> None:
+    """An AMQP 0-9-1 requester's reply_to stores nothing: its depth counted only grew, and
+    a '>' policy held an RPC server's replies every few messages. Named as a queue still,
+    so that a pattern (an ACL's deny) matches it however a client spells it."""
     node = RABBITMQ.node(address)
-    assert (node.name, node.is_queue) == (address, False)
-    assert RABBITMQ.address_forms(node.name) == (address,)
+    name = address.rsplit("/", 1)[-1]
+    assert (node.name, node.is_queue, node.keeps_depth) == (name, True, False)
+    assert RABBITMQ.address_forms(name) == (name, f"/queue/{name}", f"/amq/queue/{name}")
+    assert RABBITMQ.node("orders").keeps_depth
