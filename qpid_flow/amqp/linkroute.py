@@ -1124,7 +1124,8 @@ class BrokerRouter(Router):
         subject = codec.properties_field(data, "subject")
         if isinstance(subject, str) and subject and "/" not in subject and "%2F" not in subject:
             queue = self.destinations.find(subject)
-            if queue is not None and queue.at_broker:
+            # (Not a queue that stores nothing, as RabbitMQ's direct reply-to: no depth.)
+            if queue is not None and queue.at_broker and self._node(subject).keeps_depth:
                 return subject
         return address
 

@@ -1497,3 +1497,21 @@ def test_the_memory_gauge_counts_the_bytes_in_use_not_the_transfers_held(rig: Ri
     operations = Operations(rig.destinations, cast(Any, SimpleNamespace(memory=memory)), rig.router)
     snapshot = operations.snapshot()
     assert (snapshot.memory_bytes, snapshot.memory_over) == (5000, False)
+
+
+def test_a_subject_naming_rabbitmqs_direct_reply_to_is_not_routed_into_a_depth(rig: Rig) -> None:
+    """A reply sent to /queue with the subject amq.rabbitmq.reply-to.X goes to the
+    requester's channel; RabbitMQ stores nothing. The reply name's destination (known to
+    the broker: a producer had a link to it) gained a depth that never went down."""
+    from qpid_flow.core.dialect import RABBITMQ
+
+    router = rig.router
+    router._dialect_found(RABBITMQ)
+    reply_name, queue_name = "amq.rabbitmq.reply-to.g1h2AA5y", "orders"
+    for name in (reply_name, queue_name):
+        destination = rig.destinations.get(name)
+        assert destination is not None
+        destination.at_broker = True
+    for subject, routed in ((reply_name, "/queue"), (queue_name, queue_name)):
+        data = Message(subject=subject, body="reply").encode()
+        assert router.routed_address("/queue", data) == routed, subject
