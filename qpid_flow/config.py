@@ -455,10 +455,11 @@ def check_pattern(pattern: str, where: str) -> None:
 def _compiled(pattern: str) -> re.Pattern[str]:
     parts = []
     for segment in _segments(pattern):
+        # A segment may be empty ("orders." is "orders" and ""), as ActiveMQ splits names.
         if segment == "*":
-            parts.append(r"[^./]+")
+            parts.append(r"[^./]*")
         elif segment == ">":
-            parts.append(r".+")
+            parts.append(r".*")
         else:
             parts.append(re.escape(segment))
     return re.compile("".join(parts), re.DOTALL)

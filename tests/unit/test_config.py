@@ -137,6 +137,12 @@ def test_bad_toml_is_one_line(tmp_path: Path) -> None:
         ("/topic/*", "/topic/a.b", False),
         ("*", "/topic/k", False),
         ("orders.*", "orders.a/b", False),
+        # An empty segment is a segment (a deny of orders.* let "orders." through).
+        ("orders.*", "orders.", True),
+        ("a.*.c", "a..c", True),
+        ("a.>", "a.", True),
+        ("PRICES.>", "PRICES", False),
+        (">", "", True),
         ("a+b.*", "a+b.x", True),  # literal segments are literal, not regular expressions
         ("a+b.*", "aab.x", False),
     ],
