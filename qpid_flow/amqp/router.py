@@ -918,24 +918,18 @@ class Router(Handler):
             size, arriving.to = len(data), self._relay_to(producer, data)
         else:
             size = arriving.dropped + len(take_transfer(link, delivery.pending))  # the rest, dropped too
-        refusal = Reject(f"the message arriving would pass memory_limit ({self.memory.limit} bytes)", RESOURCE_LIMIT)
         address = producer.address if producer.address is not None else arriving.to
-        if producer.address is None and address:
-            user = user_of(link.connection)
-            if not self.access.allows(user, "send", self.acl_name(address)):
-                # The ACL's answer first, as for any relay transfer: not counted there.
-                refused = Message(b"", address, producer.id)
-                refused.size = size
-                self._refuse_transfer(link, delivery, refused, UNAUTHORIZED, _not_allowed(user, "send", address))
-                return True
+        if producer.address is None and address and self._relay_denied(link, delivery, producer, address, b"", size):
+            return True  # the ACL's answer first, as for any relay transfer: not counted there
         destination = self.destinations.find(self.destination_name(address)) if address else None
         message = Message(b"", destination.address if destination is not None else address or "", producer.id)
         message.size = size  # what it was (the event log's size), though its bytes are gone
         if delivery.remote_state == TRANSACTIONAL_STATE and not self._join_transaction(link, delivery, message):
             self._refuse_transfer(link, delivery, message, UNKNOWN_ID, "the transfer names no open transaction")
             return True
+        too_much = f"the message arriving would pass memory_limit ({self.memory.limit} bytes)"
         if destination is None:  # a relay's 'to' that names none (or could not be read)
-            self._refuse_transfer(link, delivery, message, RESOURCE_LIMIT, refusal.description)
+            self._refuse_transfer(link, delivery, message, RESOURCE_LIMIT, too_much)
             return True
         # As any refusal of a policy's: counted in the destination's refused, and a
         # transaction it belongs to is rolled back at its discharge (all or nothing).
@@ -943,7 +937,7 @@ class Router(Handler):
         if not delivery.settled:
             message.origin = delivery
             producer.unsettled += 1
-        self._apply_decision(refusal, destination, message)
+        self._apply_decision(Reject(too_much, RESOURCE_LIMIT), destination, message)
         return True
 
     def _forget_arriving(self, producer: Producer | None) -> None:
@@ -1012,12 +1006,7 @@ class Router(Handler):
                     link, delivery, refused, "amqp:invalid-field", "an anonymous-relay transfer needs a 'to' address"
                 )
                 return
-            user = user_of(link.connection)
-            # The address as the producer wrote it: what it may send to is not decided by
-            # where the broker routes the message.
-            if not self.access.allows(user, "send", self.acl_name(address)):
-                refused = Message(data, address, producer.id)
-                self._refuse_transfer(link, delivery, refused, UNAUTHORIZED, _not_allowed(user, "send", address))
+            if self._relay_denied(link, delivery, producer, address, data):
                 return
             if routed is not None and routed != address:
                 routed_from, address = address, routed
@@ -1060,6 +1049,22 @@ class Router(Handler):
             # between a resume and the turn that lets them go waits behind them.
             decision = _BEHIND_HELD
         self._apply_decision(decision, destination, message)
+
+    def _relay_denied(
+        self, link: Link, delivery: LeanDelivery, producer: Producer, address: str, data: bytes, size: int = -1
+    ) -> bool:
+        """Refuse an anonymous relay's transfer to an address the ACL does not let its user
+        send to (``size``, if given, is the message's where its bytes are gone); True if it
+        was. Decided by the address as the producer wrote it: what it may send to is not
+        decided by where the broker routes the message."""
+        user = user_of(link.connection)
+        if self.access.allows(user, "send", self.acl_name(address)):
+            return False
+        refused = Message(data, address, producer.id)
+        if size >= 0:
+            refused.size = size
+        self._refuse_transfer(link, delivery, refused, UNAUTHORIZED, _not_allowed(user, "send", address))
+        return True
 
     def _join_transaction(self, link: Link, delivery: LeanDelivery, message: Message) -> bool:
         """A transactional transfer: stage ``message`` in the open transaction it names
