@@ -586,10 +586,10 @@ class BrokerRouter(Router):
             )
 
     @staticmethod
-    def _lingering_on(session: Session) -> bool:
-        """Whether a sender of a client that left still sends what waited on ``session``."""
+    def _lingering_on(session: Session) -> list[_UpstreamSender]:
+        """The senders of a client that left that still send what waited on ``session``."""
         pair: _Pair | None = kept(session.connection, "qf_pair")
-        return pair is not None and any(sender.link.session == session for sender in pair.lingering)
+        return [sender for sender in pair.lingering if sender.link.session == session] if pair is not None else []
 
     def _end_if_done(self, session: Session) -> None:
         """End an upstream session the client ended once the broker has begun it and no
@@ -1714,8 +1714,7 @@ class _SessionLingerTimeout(Handler):
         self._session = session
 
     def on_timer_task(self, _event: Any) -> None:
-        pair: _Pair | None = kept(self._session.connection, "qf_pair")
-        for sender in [s for s in pair.lingering if s.link.session == self._session] if pair is not None else []:
+        for sender in self._router._lingering_on(self._session):
             self._router._linger_done(sender)
         self._router._end_if_done(self._session)
 

@@ -47,19 +47,16 @@ class Destinations:
         forms = dialect.address_forms(address)[1:]
         return resolve_policy(self.policies, address, self._config.base_policy(), forms, dialect.pattern_core)
 
-    def use_dialect(self, dialect: Dialect) -> list[Destination]:
+    def use_dialect(self, dialect: Dialect) -> None:
         """Match patterns against each name's address forms in ``dialect`` from now on
         (in front of RabbitMQ, ``/queue/>`` matches queue ``orders`` as ``/queue/orders``);
-        returns the destinations whose policy changed."""
+        a destination whose policy that changes is told to plugins."""
         self._dialect = dialect
-        changed = []
         for destination in self._by_address.values():
             policy = self.policy_for(destination.address)
             if policy != destination.policy:
                 destination.policy = policy
                 self._hooks.destination_policy_changed(destination=destination)
-                changed.append(destination)
-        return changed
 
     def get(self, address: str) -> Destination | None:
         """The destination for ``address``; created if unknown and creation is allowed."""
