@@ -541,6 +541,9 @@ class RouterConfig:
     broker_tls_verify_hostname: bool = True
     broker_user: str | None = None
     broker_password: str | None = None
+    # Who a client that signs in with ANONYMOUS (or skips SASL) is at the broker, for the
+    # ACLs and per-user limits: RabbitMQ signs it in as its amqp1_0.default_user.
+    broker_anonymous_user: str = "guest"
     users_file: str | None = None
     allow_anonymous: bool | None = None  # None: only while no users_file is configured
     acl: tuple[AclEntry, ...] = ()
@@ -682,6 +685,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "broker_tls_verify_hostname": parse_boolean,
     "broker_user": parse_string,
     "broker_password": _secret,
+    "broker_anonymous_user": parse_string,
     "users_file": _existing_file,
     "allow_anonymous": parse_boolean,
     "acl": _acl,

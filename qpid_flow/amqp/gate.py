@@ -121,6 +121,7 @@ class Gate:
         on_pair: PairOpened | None = None,
         deadline: float = 10.0,
         idle_timeout: float | None = None,
+        anonymous_user: str = ANONYMOUS_USER,
     ) -> None:
         if (sign_in is None) == (not brokers):
             raise ValueError("a gate signs clients in itself or relays them to brokers, not both")
@@ -132,6 +133,9 @@ class Gate:
         self._brokers = brokers or []
         self._broker_tls = broker_tls
         self._on_pair = on_pair
+        # In front of a broker: who a client signed in with ANONYMOUS, or without SASL, is
+        # to the ACLs and limits: the user the broker signs it in as (RabbitMQ: guest).
+        self._anonymous_user = anonymous_user
         # Signed-in clients whose AMQP open has not come yet: (deadline, connection, remote).
         self._awaiting_open: list[tuple[float, Connection, str]] = []
         self._sweeping = False
@@ -264,7 +268,7 @@ class _Handshake:
         self.client.watch(reading=True)
         self.server: ServerHandshake | None = None
         self.certificate_name: str | None = None
-        self.user = ANONYMOUS_USER
+        self.user = gate._anonymous_user
         self.upstream: Stream | None = None
         self.upstream_sasl: ClientHandshake | None = None
         # Set while the broker's mechanisms are being learnt before the client is offered
@@ -430,7 +434,7 @@ class _Handshake:
     def _signing_in(self, init: SaslInit) -> None:
         sign_in = self.gate._sign_in
         if sign_in is None:
-            claimed = claimed_user(init)
+            claimed = claimed_user(init, self.gate._anonymous_user)
             if claimed is None:
                 # Credentials qpid-flow cannot read: the broker might sign someone in whom
                 # the ACLs would not know. Refused as the broker refuses bad credentials.

@@ -189,6 +189,7 @@ class Server(Handler):
                 broker_tls=self.broker_tls,
                 on_pair=self.router.pair_opened,
                 deadline=config.sasl_timeout,
+                anonymous_user=config.broker_anonymous_user,
             )
         return Gate(
             self.container,

@@ -106,18 +106,18 @@ def parse_amqplain_login(response: bytes | None) -> str | None:
     return login or None
 
 
-def claimed_user(init: SaslInit | None) -> str | None:
+def claimed_user(init: SaslInit | None, anonymous: str = ANONYMOUS_USER) -> str | None:
     """Who a client says it is in a sasl-init relayed to a broker (PLAIN's authcid,
     AMQPLAIN's LOGIN): the broker checks the password; qpid-flow's ACLs then apply to that
-    name. ``anonymous`` for a mechanism without a user name (ANONYMOUS); None when the
-    client sent credentials qpid-flow cannot read: it must not guess the identity the
-    ACLs apply to (the gate refuses the client)."""
+    name. ``anonymous`` (the user the broker signs such clients in as) for a mechanism
+    without a user name (ANONYMOUS); None when the client sent credentials qpid-flow cannot
+    read: it must not guess the identity the ACLs apply to (the gate refuses the client)."""
     if init is not None and init.mechanism == "PLAIN":
         credentials = parse_plain(init.initial_response)
         return None if credentials is None else credentials[1]
     if init is not None and init.mechanism == "AMQPLAIN":
         return parse_amqplain_login(init.initial_response)
-    return ANONYMOUS_USER
+    return anonymous
 
 
 # Password checks (scrypt, about 50 ms each on a worker thread) waiting or running at once:

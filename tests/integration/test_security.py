@@ -348,6 +348,36 @@ def test_acl_in_front_of_rabbitmq(
     tls.close()
 
 
+GUEST_DENIED_ACL = """
+[[acl]]
+user = "guest"
+action = "deny"
+send = ["anon.secret.>"]
+
+[[acl]]
+user = "*"
+send = [">"]
+receive = [">"]
+"""
+
+
+@pytest.mark.parametrize("sign_in", ["ANONYMOUS", "no SASL"])
+def test_acl_for_the_user_rabbitmq_signs_anonymous_clients_in_as(
+    sign_in: str, qpid_flow_process: StartRouter, certificates: Certificates, rabbitmq: Broker
+) -> None:
+    """RabbitMQ signs a client in as ``guest`` (its amqp1_0.default_user) when it uses
+    ANONYMOUS or skips SASL: a deny written for ``guest`` holds for it too. (The ACLs
+    named it ``anonymous``: choosing ANONYMOUS got past every rule for guest.)"""
+    router = start_secured(qpid_flow_process, certificates, GUEST_DENIED_ACL, broker_url=rabbitmq.url)
+    options = {"allowed_mechs": "ANONYMOUS"} if sign_in == "ANONYMOUS" else {"sasl_enabled": False}
+    client = connect(router.url(), **options)
+    with pytest.raises(LinkDetached) as refused:
+        client.create_sender("anon.secret.orders")
+    assert refusal_of(refused.value) == UNAUTHORIZED
+    round_trip(client, "anon.public")  # what the deny does not name still goes
+    client.close()
+
+
 FORMS_ACL = """
 [[acl]]
 user = "*"

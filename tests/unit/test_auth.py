@@ -137,6 +137,9 @@ def test_plain_parsing_and_the_identity_relayed_to_a_broker() -> None:
     assert claimed_user(plain("guest", "guest")) == "guest"
     assert claimed_user(SaslInit("ANONYMOUS", None, None)) == "anonymous"
     assert claimed_user(None) == "anonymous"
+    # In front of RabbitMQ: the user the broker signs anonymous clients in as.
+    assert claimed_user(SaslInit("ANONYMOUS", None, None), "guest") == "guest"
+    assert claimed_user(plain("alice", "pw"), "guest") == "alice"
 
 
 def amqplain(**entries: str) -> bytes:
