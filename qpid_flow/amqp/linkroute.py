@@ -1615,11 +1615,22 @@ def _asking_for(idle_timeout: float) -> float:
 
 
 def _relayable(properties: Any) -> Any:
-    """Connection or link properties as they can be encoded again for the other side; None
-    when they hold an array. Proton decodes a malformed array (one that lies about its
-    count) into an object whose encoding crashes the process (found by fuzzing), and a
-    well-formed array in properties is rare enough to leave behind."""
-    return None if _holds_array(properties) else properties
+    """Connection or link properties as they can be encoded again for the other side: the
+    entries that hold an array are left out (logged), the others go. Proton decodes a
+    malformed array (one that lies about its count) into an object whose encoding crashes
+    the process (found by fuzzing), and telling a well-formed one from it is not possible
+    from Python; a client's other properties (product, version) must not go with it."""
+    if not _holds_array(properties):
+        return properties
+    if not isinstance(properties, dict):
+        return None  # not a map at all (properties are fields): nothing to keep
+    kept_entries = {}
+    for key, value in properties.items():
+        if _holds_array(key) or _holds_array(value):
+            log.info("properties_array_dropped", key=str(key))
+        else:
+            kept_entries[key] = value
+    return kept_entries or None
 
 
 def _holds_array(value: Any) -> bool:

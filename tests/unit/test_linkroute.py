@@ -18,6 +18,8 @@ from typing import Any, cast
 import pytest
 import structlog
 from proton import (
+    UNDESCRIBED,
+    Array,
     Collector,
     Condition,
     Data,
@@ -1515,3 +1517,14 @@ def test_a_subject_naming_rabbitmqs_direct_reply_to_is_not_routed_into_a_depth(r
     for subject, routed in ((reply_name, "/queue"), (queue_name, queue_name)):
         data = Message(subject=subject, body="reply").encode()
         assert router.routed_address("/queue", data) == routed, subject
+
+
+def test_an_array_in_a_clients_connection_properties_leaves_the_others_to_reach_the_broker(rig: Rig) -> None:
+    """An entry holding an array is left out (Proton cannot re-encode a malformed one
+    safely); the client's product and version still reach the broker (all were dropped)."""
+    pair = rig.connect()
+    caps = Array(UNDESCRIBED, Data.SYMBOL, symbol("a"), symbol("b"))
+    pair.client.connection.properties = {symbol("product"): "my-client", symbol("version"): "1.0", symbol("caps"): caps}
+    pair.client.connection.open()
+    rig.pump()
+    assert pair.broker.connection.remote_properties == {symbol("product"): "my-client", symbol("version"): "1.0"}
