@@ -261,7 +261,8 @@ def _load_users(path: str) -> Any:
 class _Housekeeping(Handler):
     """Upkeep, once a second: expired messages leave (their room frees, so flow control
     can resume producers even with no consumer; standalone only, a broker expires its
-    own), and auto-created destinations unused for ``idle_timeout`` are forgotten."""
+    own), messages a failed consumer selection left waiting are handed out again, and
+    auto-created destinations unused for ``idle_timeout`` are forgotten."""
 
     def __init__(
         self, container: Container, destinations: Destinations, idle_timeout: float, busy: Callable[[str], bool]
@@ -275,6 +276,7 @@ class _Housekeeping(Handler):
     def on_timer_task(self, _event: Any) -> None:
         now = time.time()
         self._destinations.expire(now)
+        self._destinations.dispatch_again(time.monotonic())
         if self._idle_timeout:
             self._destinations.forget_idle(time.monotonic(), self._idle_timeout, self._busy)
         self._container.schedule(_HOUSEKEEPING_INTERVAL, self)

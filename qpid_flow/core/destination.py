@@ -14,11 +14,11 @@ consumers; those messages stay unsettled upstream until a consumer settles them
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
-from qpid_flow.core.model import Consumer, Hold, Message, Outcome, Producer, Settlement
+from qpid_flow.core.model import SELECT_AFTER_FAILURE, Consumer, Hold, Message, Outcome, Producer, Settlement
 from qpid_flow.core.queues import FifoQueue, MessageQueue
 
 if TYPE_CHECKING:
@@ -38,6 +38,10 @@ BROKER_EXCESS_SETTLE = 1.0
 RING_DROPPED = Settlement(Outcome.REJECTED, "qpid-flow:ring-dropped", "dropped to make room on a ring destination")
 PURGED = Settlement(Outcome.REJECTED, "qpid-flow:purged", "purged by an operator")
 DELETED = Settlement(Outcome.REJECTED, "qpid-flow:deleted", "its destination was deleted")
+# The pauses before a destination hands messages out again after its consumer selection
+# failed: the first, and the longest (as for producer credit after a failed policy).
+SELECT_RETRY_FIRST = 1.0
+SELECT_RETRY_LONGEST = 30.0
 _NO_CONSUMER_TAKES_IT = Hold("no ready consumer takes it (selector, max-message-size)")
 EXPIRED = Settlement(Outcome.REJECTED, "qpid-flow:expired", "its time to live ran out before it was delivered")
 
@@ -148,6 +152,10 @@ class Destination:
         self.broker_backlog_read = False
         # Per-destination state that plugins keep, by plugin name.
         self.plugin_state: dict[str, Any] = {}
+        # When to hand messages out again after a failed consumer selection (monotonic
+        # clock; None: none failed), and the pause before that.
+        self.select_retry: float | None = None
+        self._select_pause = SELECT_RETRY_FIRST
 
     @property
     def hooks(self) -> Hooks:
@@ -157,7 +165,7 @@ class Destination:
     # --- room ---------------------------------------------------------------------------
 
     def queue_select(
-        self, *, destination: Destination, message: Message, consumers: list[Consumer], taking: bool = False
+        self, *, destination: Destination, message: Message, consumers: Sequence[Consumer], taking: bool = False
     ) -> Any:
         """The consumer-selection hook, as queues call it (plugins' queues too). ``None``
         from every plugin is no opinion: the consumers take turns. Consumers that do not
@@ -168,11 +176,32 @@ class Destination:
             consumers = [c for c in consumers if c.takes(message)]
             if not consumers:
                 return _NO_CONSUMER_TAKES_IT
-        choice = self._hooks.consumer_select(destination=destination, message=message, consumers=consumers)
+        # A tuple of its own: the list is the queue's, which a plugin's pop() emptied for
+        # the rest of the pass (and a plugin that kept it would see it change).
+        offered = tuple(consumers)
+        choice = self._hooks.consumer_select(destination=destination, message=message, consumers=offered)
         if choice is None:
             self._turn += 1
-            return consumers[self._turn % len(consumers)]
+            return offered[self._turn % len(offered)]
+        if choice is SELECT_AFTER_FAILURE and self.select_retry is None:
+            # Nothing else may hand the message out again (no consumer's credit or
+            # settlement need come): the housekeeping asks again (dispatch_again).
+            self.select_retry = time.monotonic() + self._select_pause
         return choice
+
+    def dispatch_again(self, now: float) -> None:
+        """Hand messages out again once the pause after a failed consumer selection (a
+        plugin raised, or answered no consumer offered) is over; the pause doubles, up to
+        SELECT_RETRY_LONGEST, while the selection keeps failing (each failure is logged)."""
+        if self.select_retry is None or now < self.select_retry:
+            return
+        self.select_retry = None
+        self.dispatch()
+        if self.select_retry is None:
+            self._select_pause = SELECT_RETRY_FIRST
+        else:  # failed again
+            self._select_pause = min(self._select_pause * 2, SELECT_RETRY_LONGEST)
+            self.select_retry = now + self._select_pause
 
     def has_room_for(self, message: Message) -> bool:
         """False when ``message`` would take the destination past ``max_count`` / ``max_size``."""

@@ -12,12 +12,13 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from qpid_flow import codec
 
 __all__ = [
     "DEFAULT_GROUP",
+    "SELECT_AFTER_FAILURE",
     "Admit",
     "Consumer",
     "Decision",
@@ -396,6 +397,11 @@ class Reject:
 def _must_be_text(decision: object, field: str, value: object) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{type(decision).__name__}.{field} must be a str, not {type(value).__name__}: {value!r}")
+
+
+# What consumer selection answers when a plugin raised or answered wrong: the message
+# waits, and its destination hands messages out again after a pause (known by identity).
+SELECT_AFTER_FAILURE: Final[Hold] = Hold("a consumer-selection policy failed")
 
 
 Decision = Admit | Hold | Reject

@@ -160,6 +160,13 @@ class Destinations:
         """Drop the waiting messages whose time to live ran out, everywhere; how many."""
         return sum(d.expire(now) for d in list(self._by_address.values()) if d.expiring)
 
+    def dispatch_again(self, now: float) -> None:
+        """Destinations whose consumer selection failed hand messages out again once their
+        pause is over (``now``: the monotonic clock)."""
+        for destination in list(self._by_address.values()):
+            if destination.select_retry is not None:
+                destination.dispatch_again(now)
+
     def __iter__(self) -> Iterator[Destination]:
         return iter(list(self._by_address.values()))
 

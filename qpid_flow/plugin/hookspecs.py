@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from qpid_flow.config import DestinationPolicy, RouterConfig
     from qpid_flow.core.destination import Destination
     from qpid_flow.core.model import Consumer, Decision, Hold, Message, Producer, Settlement
@@ -432,7 +434,7 @@ def qpid_flow_consumer_attached(consumer: Consumer, destination: Destination) ->
 
 @hookspec(firstresult=True)
 def qpid_flow_consumer_select(
-    destination: Destination, message: Message, consumers: list[Consumer]
+    destination: Destination, message: Message, consumers: Sequence[Consumer]
 ) -> Consumer | Hold | None:
     """Asked for a waiting message when consumers have credit: which consumer gets
     ``message``. Stops at first non-None result.
@@ -448,13 +450,16 @@ def qpid_flow_consumer_select(
     The built-in answers: message groups give a free group to the consumer owning the
     fewest groups, then to the one with the most credit; otherwise consumers take turns
     (round robin, the pass-through policy). If a plugin raises, or answers anything but
-    one of ``consumers``, a ``Hold`` or None, the message waits.
+    one of ``consumers``, a ``Hold`` or None, the message waits, and the destination hands
+    messages out again after a pause: 1 s, doubled while the selection keeps failing, up to
+    30 s (each failure is logged ``plugin_error``).
 
     :param destination: where the message waits.
     :param message: the message at hand.
     :param consumers: the consumers of the destination that have credit now and take the
         message (``consumer.takes(message)``: its selector, if any, matches, and the message
-        fits in its max-message-size, if any); never empty.
+        fits in its max-message-size, if any); never empty. A tuple, the plugin's to read
+        for this call.
     :return: one of ``consumers``, or a ``Hold`` when the message must wait. None: no
         opinion; if no plugin answers, consumers take turns.
     """

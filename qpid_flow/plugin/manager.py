@@ -31,7 +31,7 @@ import pluggy
 import structlog
 
 from qpid_flow.config import MAX_CREDIT, ConfigError
-from qpid_flow.core.model import Admit, Hold, Reject
+from qpid_flow.core.model import SELECT_AFTER_FAILURE, Admit, Hold, Reject
 
 if TYPE_CHECKING:
     from qpid_flow.config import DestinationPolicy, RouterConfig
@@ -241,7 +241,7 @@ def _is_credit(answer: Any, producer: Producer) -> bool:
     return 0 <= answer <= MAX_CREDIT - max(producer.credit, 0)
 
 
-def _is_selection(answer: Any, consumers: list[Consumer]) -> bool:
+def _is_selection(answer: Any, consumers: Sequence[Consumer]) -> bool:
     # The very consumer offered (identity: one detached since, or merely equal, is not),
     # or a Hold. Once per message handed out: a plain loop, no generator.
     for consumer in consumers:
@@ -571,7 +571,7 @@ _FALLBACKS: dict[str, Any] = {
     "qpid_flow_producer_credit": CREDIT_AFTER_FAILURE,
     "qpid_flow_transfer_arrived": Reject("a qpid-flow policy failed on this transfer", condition="amqp:internal-error"),
     "qpid_flow_settlement_delay": False,
-    "qpid_flow_consumer_select": Hold("policy error"),
+    "qpid_flow_consumer_select": SELECT_AFTER_FAILURE,
     "qpid_flow_producers_held": False,
     "qpid_flow_destination_stats": [],
 }
@@ -740,7 +740,7 @@ class Hooks:
         self._call("qpid_flow_consumer_attached", consumer=consumer, destination=destination)
 
     def consumer_select(
-        self, *, destination: Destination, message: Message, consumers: list[Consumer]
+        self, *, destination: Destination, message: Message, consumers: Sequence[Consumer]
     ) -> Consumer | Hold | None:
         result: Consumer | Hold | None = self._call(
             "qpid_flow_consumer_select", destination=destination, message=message, consumers=consumers

@@ -16,6 +16,8 @@ from qpid_flow.core.credit import window_need
 from qpid_flow.core.model import ADMIT, Producer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from qpid_flow.config import RouterConfig
     from qpid_flow.core.destination import Destination
     from qpid_flow.core.model import Consumer, Decision
@@ -38,7 +40,7 @@ class Plugin:
         return ADMIT
 
     @hookimpl(trylast=True)
-    def qpid_flow_consumer_select(self, destination: Destination, consumers: list[Consumer]) -> Consumer:
+    def qpid_flow_consumer_select(self, destination: Destination, consumers: Sequence[Consumer]) -> Consumer:
         # Round robin: remember where the last turn ended, per destination.
         turn = destination.plugin_state.get("passthrough", 0) + 1
         destination.plugin_state["passthrough"] = turn

@@ -130,6 +130,61 @@ def test_a_wrong_selection_leaves_the_message_waiting_and_the_transfer_unharmed(
     assert (SELECT, "selects", repr(answer)) in plugin_errors(logs)
 
 
+class FailsFirst:
+    """Raises on its first ``failures`` selections, then has no opinion."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    @hookimpl
+    def qpid_flow_consumer_select(self, consumers: list[Consumer]) -> object:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("selection failed")
+        return None
+
+
+def test_after_a_failed_selection_the_message_is_handed_out_again_after_a_growing_pause() -> None:
+    """Nothing else need hand the message out again (the consumer keeps its credit, no
+    settlement comes): it waited for good. Asked again after 1 s, then 2 s, 4 s."""
+    plugin = FailsFirst(3)
+    destination = Destination("q", DestinationPolicy.of(), hooks_with(plugin))
+    consumer = make_consumer(credit=5)
+    destination.add_consumer(consumer)
+    destination.enqueue(Message(b"x", "q"))
+    assert len(destination.queue) == 1 and destination.select_retry is not None
+    start = destination.select_retry - 1.0  # the first failure's time
+    for pause_over, failures_left in ((1.0, 1), (1.0 + 2.0, 0)):
+        destination.dispatch_again(start + pause_over - 0.01)  # not yet: nothing asked
+        assert plugin.failures == failures_left + 1
+        destination.dispatch_again(start + pause_over)
+        assert plugin.failures == failures_left
+    assert len(destination.queue) == 1, "failed a third time"
+    assert destination.select_retry == pytest.approx(start + 3.0 + 4.0)
+    destination.dispatch_again(start + 7.0)
+    assert len(destination.queue) == 0 and list(consumer.held.values())[0].data == b"x"
+    assert destination.select_retry is None
+
+
+class Pops:
+    """Takes the first consumer offered with ``pop(0)``: the list was the queue's own."""
+
+    @hookimpl
+    def qpid_flow_consumer_select(self, consumers: Any) -> object:
+        return consumers.pop(0) if isinstance(consumers, list) else consumers[0]
+
+
+def test_the_consumers_offered_are_the_plugins_own_to_read() -> None:
+    """A plugin changing the list offered changed the queue's own: the consumer left its
+    dispatch pass and was then refused as "not one of the consumers offered"."""
+    destination = Destination("q", DestinationPolicy.of(), hooks_with(Pops()))
+    consumer = make_consumer(credit=5)
+    destination.add_consumer(consumer)
+    for body in (b"1", b"2", b"3"):
+        destination.enqueue(Message(body, "q"))
+    assert [m.data for m in consumer.held.values()] == [b"1", b"2", b"3"]
+
+
 def test_with_no_opinion_the_consumers_take_turns() -> None:
     hooks = hooks_with(Selects(None))
     destination = Destination("q", DestinationPolicy.of(), hooks)

@@ -21,6 +21,8 @@ from qpid_flow.plugin.declarations import AdminRequest, AdminRoute, DestinationS
 from qpid_flow.policies.groups.grouped_queue import GroupedQueue
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from qpid_flow.config import RouterConfig
     from qpid_flow.core.destination import Destination
     from qpid_flow.core.model import Consumer
@@ -176,7 +178,7 @@ class Plugin:
         hooks.group_released(destination=destination, group=group, consumer=consumer, reason=event)
 
     @hookimpl
-    def qpid_flow_consumer_select(self, destination: Destination, consumers: list[Consumer]) -> Consumer | None:
+    def qpid_flow_consumer_select(self, destination: Destination, consumers: Sequence[Consumer]) -> Consumer | None:
         queue = destination.queue
         if not isinstance(queue, GroupedQueue):
             return None
