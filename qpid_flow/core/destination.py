@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
+import structlog
+
 from qpid_flow.core.model import SELECT_AFTER_FAILURE, Consumer, Hold, Message, Outcome, Producer, Settlement
 from qpid_flow.core.queues import FifoQueue, MessageQueue
 
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from qpid_flow.plugin.manager import Hooks
 
 __all__ = ["Destination", "MirroredConsumer"]
+
+log = structlog.get_logger(__name__)
 
 # How far past a message that must wait the dispatcher looks for others that can go.
 DEFAULT_LOOKAHEAD = 1000
@@ -676,10 +680,28 @@ class Destination:
             "limitPolicy": self.policy.when_full,
             "policy": self.policy.pattern,
         }
-        for extra in self._hooks.destination_stats(destination=self) or ():
-            if extra:
-                record.update(extra)
+        # The plugins registered first (the built-ins) first; a field already in the record
+        # stays as it is: a plugin's "depth" made every statistics reader, and the metric,
+        # say what it chose, and which plugin won a field went by their order.
+        for extra in reversed(self._hooks.destination_stats(destination=self) or ()):
+            for field, value in (extra or {}).items():
+                if field not in record:
+                    record[field] = value
+                else:
+                    _field_taken(field, value)
         return record
+
+
+def _field_taken(field: str, value: Any) -> None:
+    from qpid_flow.plugin.manager import PLUGIN_ERRORS  # only here: core does not import plugins
+
+    PLUGIN_ERRORS["qpid_flow_destination_stats"] += 1
+    log.error(
+        "plugin_error",
+        hook="qpid_flow_destination_stats",
+        answer=repr({field: value}),
+        error=f"field {field!r} is already in the record (qpid-flow's own, or a plugin's registered before): left out",
+    )
 
 
 def _sequence_of(message: Message) -> int:

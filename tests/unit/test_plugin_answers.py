@@ -243,6 +243,28 @@ def test_statistics_that_are_no_mapping_are_left_out_naming_plugin_and_answer(ca
     assert PLUGIN_ERRORS[STATS] == before + 1
 
 
+class ClashingStats:
+    """Gives fields qpid-flow, and the built-in flow control, already give."""
+
+    @hookimpl
+    def qpid_flow_destination_stats(self) -> dict[str, Any]:
+        return {"depth": -1, "flowStopped": True, "clashingOwn": 3}
+
+
+@pytest.mark.parametrize("calling", CALLING)
+def test_a_plugins_field_never_replaces_one_already_in_the_record(calling: str) -> None:
+    """A plugin's "depth" replaced qpid-flow's in every statistics reader and the metric;
+    whether it replaced flow control's "flowStopped" went by the plugins' order."""
+    hooks = hooks_with(ClashingStats(), calling=calling)
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    destination.enqueue(Message(b"x", "q"))
+    with structlog.testing.capture_logs() as logs:
+        record = destination.stats()
+    assert (record["depth"], record["flowStopped"], record["clashingOwn"]) == (1, False, 3)
+    taken = [e["answer"] for e in logs if e["event"] == "plugin_error"]
+    assert taken == [repr({"depth": -1}), repr({"flowStopped": True})]
+
+
 def test_a_wrapper_replacing_the_statistics_with_wrong_ones_is_named() -> None:
     class Replaces:
         @hookimpl(wrapper=True)
