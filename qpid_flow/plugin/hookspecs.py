@@ -358,8 +358,8 @@ def qpid_flow_settlement_delay(
     settlement waits until the destination is OFF again. Waiting settlements are asked
     about again, in order, when a plugin calls ``control.wake(address)``: one still
     waiting keeps the later ones of the address waiting behind it. A pre-settled transfer
-    has no settlement to delay and is not asked about. If a plugin raises, the producer
-    is told now.
+    has no settlement to delay and is not asked about. If a plugin raises, or answers
+    anything but True, False or None, the producer is told now (logged ``plugin_error``).
 
     :param producer: the link the transfer came on.
     :param message: the message.
@@ -396,7 +396,8 @@ def qpid_flow_producers_held(destination: Destination) -> bool | None:
 
     Asked per link listed, not per message. The built-in flow control answers True while
     the destination is stopped, an operator stopped its producers, or the router is over
-    ``memory_limit``. If a plugin raises, the answer is False.
+    ``memory_limit``. If a plugin raises, or answers anything but True, False or None,
+    the answer is False (logged ``plugin_error``).
 
     :param destination: the destination.
     :return: True if its producers wait for the policy, False if not. None: no opinion

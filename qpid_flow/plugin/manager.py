@@ -250,6 +250,10 @@ def _is_selection(answer: Any, consumers: Sequence[Consumer]) -> bool:
     return isinstance(answer, Hold)
 
 
+def _is_flag(answer: Any) -> bool:
+    return isinstance(answer, bool)
+
+
 def _is_record(answer: Any) -> bool:
     """Fields for a destination's statistics: a mapping the admin endpoint can send as
     JSON (text keys; a set, a datetime or bytes would fail every read of the
@@ -273,6 +277,10 @@ _ANSWER_RULES: dict[str, _AnswerRule] = {
     "qpid_flow_consumer_select": _AnswerRule(
         _is_selection, "one of the consumers offered, Hold(...) or None", arguments=("consumers",)
     ),
+    # True or False: anything else (Admit(), Hold(), "yes") was taken by its truth, and a
+    # producer kept waiting for good on an answer meant otherwise, with nothing logged.
+    "qpid_flow_settlement_delay": _AnswerRule(_is_flag, "True, False or None", (bool,)),
+    "qpid_flow_producers_held": _AnswerRule(_is_flag, "True, False or None", (bool,)),
     # Collected: a wrong answer is left out of the statistics record, the others' are kept.
     "qpid_flow_destination_stats": _AnswerRule(_is_record, "a dict of JSON values with str keys, or None"),
 }

@@ -18,7 +18,7 @@ import structlog
 from qpid_flow import hookimpl
 from qpid_flow.config import DestinationPolicy
 from qpid_flow.core.destination import Destination
-from qpid_flow.core.model import Consumer, Hold, Message, Reject
+from qpid_flow.core.model import Admit, Consumer, Hold, Message, Producer, Reject, Settlement
 from qpid_flow.plugin.manager import PLUGIN_ERRORS, Hooks, build_plugin_manager
 from qpid_flow.testing import make_consumer
 
@@ -355,3 +355,48 @@ def test_a_decision_made_with_anything_but_text_raises_in_the_plugin(make: Calla
     client's whole connection; raised where it is made, it is the plugin's error."""
     with pytest.raises(TypeError, match="must be a str"):
         make()
+
+
+class Flags:
+    """Answers the yes-or-no questions with ``answer``."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def qpid_flow_settlement_delay(self) -> object:
+        return self.answer
+
+    @hookimpl
+    def qpid_flow_producers_held(self) -> object:
+        return self.answer
+
+
+@pytest.mark.parametrize("calling", CALLING)
+@pytest.mark.parametrize("wrong", [Admit(), Hold(), "yes", 1], ids=["Admit", "Hold", "str", "int"])
+def test_a_yes_or_no_answer_that_is_no_bool_is_refused_naming_plugin_and_answer(calling: str, wrong: object) -> None:
+    """Taken by its truth, Admit() or "yes" kept a producer waiting for its settlement for
+    good, with nothing logged."""
+    hooks = hooks_with(Flags(wrong), calling=calling)
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    producer, message = Producer("q"), Message(b"x", "q")
+    with structlog.testing.capture_logs() as logs:
+        delay = hooks.settlement_delay(
+            producer=producer, message=message, destination=destination, settlement=Settlement.accepted()
+        )
+        held = hooks.producers_held(destination=destination)
+    assert not delay and not held, "settled now, not held"
+    assert plugin_errors(logs) == [
+        ("qpid_flow_settlement_delay", "flags", repr(wrong)),
+        ("qpid_flow_producers_held", "flags", repr(wrong)),
+    ]
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_a_yes_or_no_answer_passes_as_it_is(answer: bool) -> None:
+    hooks = hooks_with(Flags(answer))
+    destination = Destination("q", DestinationPolicy.of(), hooks)
+    delay = hooks.settlement_delay(
+        producer=Producer("q"), message=Message(b"x", "q"), destination=destination, settlement=Settlement.accepted()
+    )
+    assert delay is answer and hooks.producers_held(destination=destination) is answer
