@@ -38,8 +38,9 @@ from typing import Any
 
 import pytest
 
-from qpid_flow.config import DestinationPolicy, RouterConfig, build_config
+from qpid_flow.config import DestinationPolicy, RouterConfig, build_config, is_pattern
 from qpid_flow.core.destination import Destination
+from qpid_flow.core.dialect import Dialect
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Consumer, Message, Producer
 from qpid_flow.plugin.manager import Hooks, build_plugin_manager, module_plugin, require_hooks
@@ -137,9 +138,20 @@ def make_message(
 
 class ManualControl:
     """Stands in for the control object a plugin gets in ``qpid_flow_started``, with time
-    in the test's hands: timers wait until :meth:`advance` passes their delay."""
+    in the test's hands: timers wait until :meth:`advance` passes their delay.
 
-    def __init__(self, destinations: Iterable[Destination] = (), memory_limit: int = 0, hooks: Hooks | None = None):
+    Standalone by default; ``dialect=qpid_flow.core.dialect.RABBITMQ`` names addresses as
+    in front of RabbitMQ (``/queue/X`` is queue ``X``: :meth:`destination_name`,
+    :meth:`address_forms`)."""
+
+    def __init__(
+        self,
+        destinations: Iterable[Destination] = (),
+        memory_limit: int = 0,
+        hooks: Hooks | None = None,
+        dialect: Dialect | None = None,
+    ):
+        self._dialect = dialect
         self._destinations = {d.address: d for d in destinations}
         self.memory = MemoryMeter(memory_limit)
         self.hooks = hooks or make_hooks()
@@ -167,17 +179,24 @@ class ManualControl:
             due[0][1]()
 
     def destination(self, address: str) -> Destination | None:
-        return self._destinations.get(address)
+        found = self._destinations.get(address)
+        return found if found is not None else self._destinations.get(self.destination_name(address))
 
     def destination_name(self, address: str) -> str:
-        return address  # standalone: an address is its destination's name
+        if self._dialect is None or is_pattern(address):
+            return address  # standalone: an address is its destination's name
+        node = self._dialect.node(address)
+        return node.name if node.is_queue else address
+
+    def address_forms(self, name: str) -> tuple[str, ...]:
+        return self._dialect.address_forms(name) if self._dialect is not None else (name,)
 
     def destinations(self) -> Iterator[Destination]:
         return iter(list(self._destinations.values()))
 
     def wake(self, address: str | None = None) -> None:
         self.woken.append(address)
-        targets = [self._destinations.get(address)] if address else list(self._destinations.values())
+        targets = [self.destination(address)] if address else list(self._destinations.values())
         for destination in targets:
             if destination is not None:
                 destination.dispatch()

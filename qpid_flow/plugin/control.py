@@ -78,8 +78,20 @@ class RouterControl:
         self._schedule(delay, callback)
 
     def destination(self, address: str) -> Destination | None:
-        """The destination of ``address`` if it exists (never creates one), else None."""
-        return self._destinations.find(address)
+        """The destination of ``address`` if it exists (never creates one), else None.
+
+        Here and in the methods below, ``address`` is a destination's name
+        (``destination.address``) or an address as clients write it: in front of RabbitMQ
+        ``/queue/X`` and ``/amq/queue/X`` are queue ``X`` (:meth:`destination_name`)."""
+        found = self._destinations.find(address)
+        return found if found is not None else self._destinations.find(self._router.destination_name(address))
+
+    def _name(self, address: str) -> str:
+        # A destination's own name first: one whose name reads as another address form
+        # (a queue named "/x") must still be found by it.
+        if self._destinations.find(address) is not None:
+            return address
+        return self._router.destination_name(address)
 
     def destination_name(self, address: str) -> str:
         """The destination name ``address`` stands for: ``address`` itself standalone; in
@@ -90,7 +102,7 @@ class RouterControl:
 
     def address_forms(self, name: str) -> tuple[str, ...]:
         """Every address that names destination ``name``, ``name`` first, for matching a
-        pattern an operator gave against it (with :func:`qpid_flow.config.matches_any`):
+        pattern an operator gave against it (with ``qpid_flow.config.matches_any(pattern, forms)``):
         standalone, the name alone; in front of RabbitMQ, queue ``X`` is also
         ``/queue/X`` and ``/amq/queue/X``, so that ``/queue/>`` names every queue and no
         topic."""
@@ -116,33 +128,37 @@ class RouterControl:
 
         The hooks are asked before it returns: from a hook about a message, which runs in
         the middle of the data path, schedule it instead (``control.schedule(0, ...)``), as
-        the built-in flow control does."""
-        targets = [self._destinations.find(address)] if address else list(self._destinations)
+        the built-in flow control does. Never call it from a question hook (one whose answer
+        qpid-flow waits for: ``transfer_arrived``, ``producer_credit``, ``consumer_select``,
+        ``settlement_delay``, ``producers_held``): it asks them again, which calls it again
+        (a ``RecursionError``, logged ``plugin_error``, and the answer lost)."""
+        name = self._name(address) if address else None
+        targets = [self._destinations.find(name)] if name else list(self._destinations)
         for destination in targets:
             if destination is None:
                 continue
             self._router.recheck_held(destination.address)
             destination.dispatch()
-        self._router.grant_all(address)
+        self._router.grant_all(name)
 
     def held_transfers(self, address: str) -> int:
         """How many transfers to ``address`` a policy is holding unforwarded (answered
         ``Hold`` by :func:`~qpid_flow.plugin.hookspecs.qpid_flow_transfer_arrived`)."""
-        return self._router.held_count(address)
+        return self._router.held_count(self._name(address))
 
     def held_messages(self, address: str) -> list[Message]:
         """The transfers to ``address`` a policy is holding unforwarded, in arrival order.
         Only the first is asked again when the destination changes
         (:func:`~qpid_flow.plugin.hookspecs.qpid_flow_transfer_arrived`): a policy that
         starts a clock on each (``reject_after``) reads the others here."""
-        return self._router.held_messages(address)
+        return self._router.held_messages(self._name(address))
 
     def delayed_producers(self, address: str) -> int:
         """How many producers wait for the settlement of a transfer to ``address`` (delayed by
         :func:`~qpid_flow.plugin.hookspecs.qpid_flow_settlement_delay`)."""
-        return self._router.delayed_producers(address)
+        return self._router.delayed_producers(self._name(address))
 
     def waiting_producers(self, address: str) -> set[int]:
         """The ids (``Producer.id``) of the producers that wait for the answer to a transfer
         to ``address``: held unforwarded, or its settlement delayed."""
-        return self._router.waiting_producers(address)
+        return self._router.waiting_producers(self._name(address))

@@ -17,11 +17,13 @@ import pytest
 from qpid_flow import hookimpl
 from qpid_flow.amqp.bridge import ReactorBridge
 from qpid_flow.amqp.router import Router
+from qpid_flow.core.dialect import RABBITMQ
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Hold, Message, Producer
 from qpid_flow.core.registry import Destinations
 from qpid_flow.plugin.control import RouterControl
 from qpid_flow.plugin.manager import Hooks
+from qpid_flow.testing import ManualControl, make_destination
 from tests.unit.test_router import ACCEPTED_SETTLED, Rig, bodies, order, outcome
 
 # --- with fakes -----------------------------------------------------------------------------------
@@ -57,6 +59,9 @@ class FakeRouter:
 
     def recheck_held(self, address: str) -> None:
         self._log.append(f"recheck_held {address}")
+
+    def destination_name(self, address: str) -> str:
+        return address.removeprefix("/queue/")  # as in front of RabbitMQ
 
     def grant_all(self, address: str | None = None) -> None:
         self._log.append(f"grant_all {address}")
@@ -165,6 +170,40 @@ def test_counts_and_lookups_come_from_the_router_and_the_registry() -> None:
     assert [d.address for d in control.destinations()] == ["orders", "invoices"]
     assert control.memory is faked.memory and control.hooks is faked.hooks
     assert faked.log == [], "reading asks nothing of the policies"
+
+
+def test_an_address_as_clients_write_it_names_its_destination_everywhere() -> None:
+    """In front of RabbitMQ, ``/queue/orders`` is queue ``orders``: a plugin given the
+    address a client wrote found nothing, and its wake released nobody."""
+    faked = Faked("orders", "/queue/odd")
+    control = faked.control
+    found = control.destination("/queue/orders")
+    assert found is not None and found.address == "orders"
+    assert control.held_transfers("/queue/orders") == 3
+    assert control.delayed_producers("/queue/orders") == 2
+    assert control.waiting_producers("/queue/orders") == {7, 9}
+    control.wake("/queue/orders")
+    assert faked.log == ["recheck_held orders", "dispatch orders", "grant_all orders"]
+    # A destination whose own name reads as another form is still found by it.
+    odd = control.destination("/queue/odd")
+    assert odd is not None and odd.address == "/queue/odd"
+
+
+def test_the_manual_control_offers_every_method_of_the_router_control() -> None:
+    """A plugin's unit test with ManualControl failed on control.address_forms (the
+    router's control has it): whatever a plugin may call, the stand-in has."""
+    public = {name for name in dir(RouterControl) if not name.startswith("_")}
+    assert public - set(dir(ManualControl)) == set()
+
+
+def test_the_manual_control_names_addresses_as_in_front_of_rabbitmq_when_asked() -> None:
+    orders = make_destination("orders")
+    standalone, rabbitmq = ManualControl([orders]), ManualControl([orders], dialect=RABBITMQ)
+    assert standalone.address_forms("orders") == ("orders",)
+    assert standalone.destination("/queue/orders") is None
+    assert rabbitmq.address_forms("orders") == ("orders", "/queue/orders", "/amq/queue/orders")
+    assert rabbitmq.destination("/queue/orders") is orders
+    assert rabbitmq.destination_name("/queue/orders") == "orders"
 
 
 # --- on the router in memory -------------------------------------------------------------------------
