@@ -43,7 +43,7 @@ from qpid_flow.core.destination import Destination
 from qpid_flow.core.dialect import Dialect
 from qpid_flow.core.memory import MemoryMeter
 from qpid_flow.core.model import Consumer, Message, Producer
-from qpid_flow.plugin.manager import Hooks, build_plugin_manager, module_plugin, require_hooks
+from qpid_flow.plugin.manager import Hooks, build_plugin_manager, module_plugin, refused_as, require_hooks
 
 __all__ = [
     "ManualControl",
@@ -76,8 +76,11 @@ def make_hooks(*plugins: object, config: RouterConfig | Mapping[str, Any] | None
     for index, given in enumerate(plugins):
         plugin = module_plugin(given, pm) if isinstance(given, types.ModuleType) else given
         if not pm.is_registered(plugin):
-            pm.register(plugin, name=f"{type(plugin).__name__.lower()}-{index}")
+            with refused_as("make_hooks", pm):
+                pm.register(plugin, name=f"{type(plugin).__name__.lower()}-{index}")
             require_hooks(pm, plugin, "make_hooks")
+    with refused_as("make_hooks", pm):
+        pm.check_pending()  # a hook name misspelt: refused at start, so here too
     if not isinstance(config, RouterConfig):
         config = build_config(table, plugins=pm)
     Hooks(pm, through_pluggy=False).configure(config=config, manager=pm)

@@ -16,6 +16,7 @@ type.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -24,7 +25,7 @@ import os
 import types
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import pluggy
@@ -130,17 +131,42 @@ def build_plugin_manager(disabled: Iterable[str] = (), *, installed: bool = True
     for name, module_name in BUILTIN_PLUGINS.items():
         if name not in blocked:
             pm.register(importlib.import_module(module_name).Plugin(), name=name)
+    entry_points_key = f"[project.entry-points.{ENTRY_POINT_GROUP}]"
     if installed:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        with refused_as(entry_points_key, pm):
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
         for plugin, distribution in pm.list_plugin_distinfo():
-            require_hooks(pm, plugin, f"[project.entry-points.{ENTRY_POINT_GROUP}] of {distribution.project_name}")
+            require_hooks(pm, plugin, f"{entry_points_key} of {distribution.project_name}")
         for spec in _names_from_env(PLUGINS_ENVIRONMENT):
             if spec not in blocked and pm.get_plugin(spec) is None:
                 plugin = load_plugin(spec, pm)
-                pm.register(plugin, name=spec)
+                with refused_as(PLUGINS_ENVIRONMENT, pm):
+                    pm.register(plugin, name=spec)
                 require_hooks(pm, plugin, PLUGINS_ENVIRONMENT)
-    pm.check_pending()
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        from_environment = pm.get_name(exc.plugin) in _names_from_env(PLUGINS_ENVIRONMENT)
+        raise _refusal(PLUGINS_ENVIRONMENT if from_environment else entry_points_key, pm, exc) from exc
     return pm
+
+
+@contextlib.contextmanager
+def refused_as(key: str, pm: pluggy.PluginManager) -> Iterator[None]:
+    """A plugin pluggy refuses (a hook or argument name misspelt: ``qpid_flow_transfer_arived``,
+    ``def qpid_flow_transfer_arrived(self, msg)``) stops the start with one line naming it
+    (ConfigError: ``key``, the plugin, pluggy's reason), not a traceback; a test that loads
+    it with make_hooks gets the same."""
+    try:
+        yield
+    except pluggy.PluginValidationError as exc:
+        raise _refusal(key, pm, exc) from exc
+
+
+def _refusal(key: str, pm: pluggy.PluginManager, exc: pluggy.PluginValidationError) -> ConfigError:
+    name = pm.get_name(exc.plugin) if pm.is_registered(exc.plugin) else None
+    reason = " ".join(str(exc).split())
+    return ConfigError(key, name or getattr(exc.plugin, "__name__", repr(exc.plugin)), reason)
 
 
 def load_plugin(spec: str, pm: pluggy.PluginManager) -> object:

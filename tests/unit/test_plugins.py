@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import types
@@ -224,6 +225,37 @@ def test_a_plugin_in_the_environment_that_cannot_be_loaded_is_one_configuration_
     assert str(refused.value) == f"QPID_FLOW_PLUGINS = {spec!r}: {rule}"
     assert cli.main(["serve", "--listen", "127.0.0.1:0"]) == 2
     assert capsys.readouterr().err == f"qpid-flow: configuration error: QPID_FLOW_PLUGINS = {spec!r}: {rule}\n"
+
+
+MISSPELT = {
+    "hook": "from qpid_flow import hookimpl\n\n@hookimpl\ndef qpid_flow_transfer_arived(message):\n    return None\n",
+    "argument": "from qpid_flow import hookimpl\n\n@hookimpl\ndef qpid_flow_transfer_arrived(msg):\n    return None\n",
+}
+
+
+@pytest.mark.parametrize("misspelt", ["hook", "argument"])
+def test_a_plugin_with_a_misspelt_hook_or_argument_is_one_configuration_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], misspelt: str
+) -> None:
+    """pluggy's PluginValidationError ended the start in a 25-line traceback (exit 1), and
+    make_hooks took the misspelt hook, never to call it."""
+    from qpid_flow import cli
+    from qpid_flow.config import ConfigError
+    from qpid_flow.testing import make_hooks
+
+    module_name = f"qf_misspelt_{misspelt}"
+    (tmp_path / f"{module_name}.py").write_text(MISSPELT[misspelt])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("QPID_FLOW_PLUGINS", module_name)
+    with pytest.raises(ConfigError, match=rf"^QPID_FLOW_PLUGINS = '{module_name}': .*qpid_flow_transfer_ar"):
+        build_plugin_manager()
+    assert cli.main(["serve", "--listen", "127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"qpid-flow: configuration error: QPID_FLOW_PLUGINS = '{module_name}': ")
+    assert err.count("\n") == 1, err
+    monkeypatch.delenv("QPID_FLOW_PLUGINS")
+    with pytest.raises(ConfigError, match=r"^make_hooks = "):
+        make_hooks(importlib.import_module(module_name))
 
 
 def test_a_plugin_installed_through_an_entry_point_may_be_disabled_by_its_name(
