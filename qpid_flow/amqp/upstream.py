@@ -137,6 +137,7 @@ class _ReaderConnection(Handler):
         self.connected = False
         self.closing = False
         self.epoch = 0  # which connection (numbered across the reader's); deliveries of an older one are dead
+        self.idle_turn = 0  # how many times its last consumer left (see GroupReader.consumer_detached)
         self._delay = 0.0
         self._clock = clock
         self._connected_at = 0.0  # when the open of the current connection came (clock)
@@ -608,11 +609,15 @@ class GroupReader:
             return
         reader.consumer_detached(destination)
         if reader.idle:
-            check = functools.partial(self._close_if_idle, destination.address, reader)
+            # Numbered: a consumer that came and went within the linger starts it again
+            # (checked as it was, the first left's timer closed the reader 10 s after it,
+            # however recently the last had left: what waited went back to the broker).
+            reader.idle_turn += 1
+            check = functools.partial(self._close_if_idle, destination.address, reader, reader.idle_turn)
             self._container.schedule(IDLE_READER_LINGER, Call(check))
 
-    def _close_if_idle(self, address: str, reader: _ReaderConnection) -> None:
-        if self._readers.get(address) is reader and reader.idle:
+    def _close_if_idle(self, address: str, reader: _ReaderConnection, turn: int) -> None:
+        if self._readers.get(address) is reader and reader.idle and reader.idle_turn == turn:
             del self._readers[address]
             reader.shutdown()
 

@@ -474,3 +474,38 @@ def test_a_grouped_destination_s_connection_closes_when_its_last_consumer_leaves
     grouped_rig.consumer(pair, session, "later", credit=1)
     grouped_rig.answer_reader()
     assert len(grouped_rig.upstream.upstreams_reading("orders")) == 2
+
+
+def test_a_consumer_that_comes_and_goes_within_the_linger_starts_it_again() -> None:
+    """The timer of the first consumer to leave closed the reader 10 s after it, though
+    another had come and left since: a consumer polling every few seconds found what was
+    fetched for it given back to the broker, a modified outcome's delivery-count lost."""
+    grouped_rig = GroupedRig.build()
+    pair = open_pair(grouped_rig.rig)
+    session, _ = begin(grouped_rig.rig, pair)
+    first = grouped_rig.consumer(pair, session, "first", credit=1)
+    sender = grouped_rig.answer_reader()
+    deliveries = broker_sends(sender, "m0", "m1")
+    grouped_rig.pump()
+    first.close()  # leaves m0 unsettled: it waits, with m1, for the next consumer
+    grouped_rig.pump()
+    container = grouped_rig.upstream.container
+    first_left = [timer for delay, timer in container.timers if delay >= IDLE_READER_LINGER]
+    container.timers.clear()
+    again = grouped_rig.consumer(pair, session, "again", credit=0)  # within the linger
+    grouped_rig.pump()
+    again.close()
+    grouped_rig.pump()
+    last_left = [timer for delay, timer in container.timers if delay >= IDLE_READER_LINGER]
+    container.timers.clear()
+
+    for timer in first_left:  # 10 s after the first left: the last left only just now
+        cast(Any, timer).on_timer_task(None)
+    grouped_rig.pump()
+    assert not sender.connection.state & Endpoint.REMOTE_CLOSED, "the linger starts again at the last to leave"
+    assert not any(d.remote_state for d in deliveries)
+    for timer in last_left:
+        cast(Any, timer).on_timer_task(None)
+    grouped_rig.pump()
+    assert sender.connection.state & Endpoint.REMOTE_CLOSED
+    assert [d.remote_state for d in deliveries] == [Delivery.RELEASED, Delivery.RELEASED]
