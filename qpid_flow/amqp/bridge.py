@@ -48,17 +48,29 @@ class ReactorBridge(Handler):
         self.injector.trigger(_CallEvent(self))
 
     def call(self, callback: Callable[[], T], timeout: float = 10.0) -> T:
-        """Run ``callback`` on the reactor thread and wait for its result (or exception)."""
+        """Run ``callback`` on the reactor thread and wait for its result (or exception).
+
+        Raises TimeoutError if the reactor has not started it within ``timeout`` seconds,
+        and then it never runs: a change the caller was told failed (the admin
+        endpoint's 503) must not be made later behind its back. One the reactor started
+        in time is waited for to its end."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # its caller gave up waiting
             try:
                 future.set_result(callback())
             except Exception as exc:
                 future.set_exception(exc)
 
         self.call_soon(run)
-        return future.result(timeout)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            if future.cancel():
+                raise
+            return future.result()  # it started just as the wait ran out
 
     def on_qf_call(self, _event: Any) -> None:
         while True:
