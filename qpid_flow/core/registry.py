@@ -148,10 +148,16 @@ class Destinations:
         return self._reapply(name)
 
     def _reapply(self, name: str) -> list[Destination]:
+        # Only where the policy in force changes: a more specific policy keeps its
+        # destinations (the logs, the event log and plugins were told X.a had taken the
+        # new X.> though its own X.a policy still ruled it).
         changed = []
         for destination in self._by_address.values():
-            if matches_any(name, self._dialect.address_forms(destination.address)):
-                destination.policy = self.policy_for(destination.address)
+            if not matches_any(name, self._dialect.address_forms(destination.address)):
+                continue
+            policy = self.policy_for(destination.address)
+            if policy != destination.policy:
+                destination.policy = policy
                 self._hooks.destination_policy_changed(destination=destination)
                 changed.append(destination)
         return changed

@@ -5,7 +5,9 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
+from qpid_flow import hookimpl
 from qpid_flow.config import build_config
+from qpid_flow.core.destination import Destination
 from qpid_flow.core.model import Message, Producer
 from qpid_flow.core.registry import TEMPORARY_PREFIX, Destinations
 from qpid_flow.plugin.manager import Hooks, build_plugin_manager
@@ -91,3 +93,28 @@ def test_memory_stays_flat_under_a_stream_of_one_off_names() -> None:
     tracemalloc.stop()
     assert len(destinations) == 1  # only the configured one is left
     assert grown < 1_000_000, f"{grown} bytes kept after forgetting 100,000 destinations"
+
+
+def test_a_pattern_set_or_removed_changes_only_the_destinations_whose_policy_in_force_changes() -> None:
+    """A policy of its own rules X.a: putting or removing X.> leaves it as it was, and
+    it is not reported changed (the logs, the event log and plugins were told it was)."""
+    told: list[str] = []
+
+    class Listener:
+        @hookimpl
+        def qpid_flow_destination_policy_changed(self, destination: Destination) -> None:
+            told.append(destination.address)
+
+    pm = build_plugin_manager()
+    pm.register(Listener())
+    destinations = Destinations(build_config({}), Hooks(pm))
+    exact = destinations.parse_policy("X.a", {"flow_stop_count": 100})
+    destinations.set_policy("X.a", exact)
+    a, b = destinations.get("X.a"), destinations.get("X.b")
+    assert a is not None and b is not None
+    told.clear()
+    changed = destinations.set_policy("X.>", destinations.parse_policy("X.>", {"flow_stop_count": 10}))
+    assert [d.address for d in changed] == told == ["X.b"]
+    assert (a.policy.setting("flow_stop_count"), b.policy.setting("flow_stop_count")) == (100, 10)
+    told.clear()
+    assert [d.address for d in destinations.remove_policy("X.>")] == told == ["X.b"]
