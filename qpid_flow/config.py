@@ -870,6 +870,16 @@ def _check_security(config: RouterConfig) -> None:
             config.users_file,
             "applies standalone only; in front of a broker clients sign in at the broker",
         )
+    stale = [entry.user for entry in config.acl if entry.user == "anonymous" != config.broker_anonymous_user]
+    if config.broker is not None and stale:
+        # Named so while ACLs took ANONYMOUS clients for "anonymous" in front of a broker
+        # too: such a rule would now match no one, and let those clients through silently.
+        raise ConfigError(
+            "acl",
+            "anonymous",
+            f"in front of a broker an ANONYMOUS or no-SASL client is the user the broker signs it in as "
+            f"(broker_anonymous_user = {config.broker_anonymous_user!r}): name that user",
+        )
     if config.broker is None and not config.anonymous_allowed and config.users_file is None and config.tls_ca is None:
         raise ConfigError(
             "allow_anonymous", False, "leaves no way to sign in: set users_file, or tls_ca for client certificates"

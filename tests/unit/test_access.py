@@ -75,6 +75,17 @@ def test_acl_entries_are_checked_in_the_configuration() -> None:
         build_config({"acl": [{"user": "a", "action": "maybe"}]})
 
 
+def test_an_acl_for_anonymous_in_front_of_a_broker_is_refused_unless_that_is_the_brokers_anonymous_user() -> None:
+    """In front of a broker an ANONYMOUS client is broker_anonymous_user (guest): a rule
+    written for "anonymous", as the docs had it, would match no one and let it through."""
+    acl = [{"user": "anonymous", "send": [">"], "action": "deny"}, {"user": "*", "send": [">"]}]
+    broker = "amqp://127.0.0.1:5672"
+    with pytest.raises(ConfigError, match=r"^acl = 'anonymous': .*broker_anonymous_user = 'guest'"):
+        build_config({"broker": broker, "acl": acl})
+    assert build_config({"broker": broker, "acl": acl, "broker_anonymous_user": "anonymous"}).acl
+    assert build_config({"acl": acl}).acl, "standalone, ANONYMOUS clients are anonymous"
+
+
 def test_connection_limits_total_and_per_user() -> None:
     limits = ConnectionLimits(total=3, per_user=2)
     assert limits.admit("alice") is None
