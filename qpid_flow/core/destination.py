@@ -680,15 +680,16 @@ class Destination:
             "limitPolicy": self.policy.when_full,
             "policy": self.policy.pattern,
         }
-        # The plugins registered first (the built-ins) first; a field already in the record
-        # stays as it is: a plugin's "depth" made every statistics reader, and the metric,
-        # say what it chose, and which plugin won a field went by their order.
-        for extra in reversed(self._hooks.destination_stats(destination=self) or ()):
+        # qpid-flow's own fields stay as they are: a plugin's "depth" made every statistics
+        # reader, and the metric, say what it chose. Between plugins, as pluggy calls
+        # them: the one called last (registered first: the built-ins) has the last word.
+        own = set(record)
+        for extra in self._hooks.destination_stats(destination=self) or ():
             for field, value in (extra or {}).items():
-                if field not in record:
-                    record[field] = value
-                else:
+                if field in own:
                     _field_taken(field, value)
+                else:
+                    record[field] = value
         return record
 
 
@@ -700,7 +701,8 @@ def _field_taken(field: str, value: Any) -> None:
         "plugin_error",
         hook="qpid_flow_destination_stats",
         answer=repr({field: value}),
-        error=f"field {field!r} is already in the record (qpid-flow's own, or a plugin's registered before): left out",
+        plugin="(a destination_stats implementation)",
+        error=f"field {field!r} is qpid-flow's own: left out",
     )
 
 

@@ -230,9 +230,11 @@ def qpid_flow_destination_stats(destination: Destination) -> dict[str, Any] | No
 
     Every implementation is called and the dicts are merged into the record. If one
     raises, or answers something other than a dict, the record goes without that
-    plugin's fields that time. A field already in the record (qpid-flow's own, such as
-    ``depth``, or one a plugin registered earlier gave: the built-ins come first) is left
-    out, and logged ``plugin_error``: name a plugin's fields after it.
+    plugin's fields that time. A field of qpid-flow's own (``depth``, ``refused``, ...) is
+    never replaced: the plugin's is left out, and logged ``plugin_error``. Two plugins
+    giving one field: the one pluggy calls last (registered first, the built-ins, unless
+    ``tryfirst``/``trylast`` say otherwise) has the last word; name a plugin's fields
+    after it.
 
     :param destination: the destination.
     :return: a dict of camelCase fields to add, or None.
