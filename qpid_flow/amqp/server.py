@@ -1,6 +1,6 @@
 """Assemble and run the router: plugins, destinations, backend, listener, signals.
 
-Shutdown on SIGINT / SIGTERM, in this order: stop accepting connections and stop
+Shutdown on SIGINT / SIGTERM / SIGHUP, in this order: stop accepting connections and stop
 granting credit; wait (up to ``shutdown_timeout``) for the outcomes of transfers
 already forwarded, so producers learn them; release everything consumers hold and
 everything fetched ahead from the broker; close every connection; stop.
@@ -132,7 +132,10 @@ class Server(Handler):
                 raise ListenError(exc) from exc
         if isinstance(self.router, BrokerRouter):
             self.router.probe = self.gates[0].probe
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP too: its default ended the process on the spot (a closed terminal, a
+        # `kill -HUP` meant as a reload, which qpid-flow has not), the event log's last
+        # records and every held producer's outcome lost.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         if self.group_reader is not None:
             self.group_reader.start()

@@ -137,7 +137,7 @@ def qpid_flow_started(control: RouterControl) -> None:
 
 @hookspec
 def qpid_flow_stopping() -> None:
-    """Called once when the router begins its shutdown (SIGINT or SIGTERM).
+    """Called once when the router begins its shutdown (SIGINT, SIGTERM or SIGHUP).
 
     From then on no producer gets new credit (:func:`qpid_flow_producer_credit` is no
     longer asked). Stop the plugin's own threads here.

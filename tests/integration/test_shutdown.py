@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .clients import Producer, make_message, start, unique
+from .clients import Producer, make_message, run_all, start, unique
 from .harness.frames import FrameSocket, begin_frame, open_frame, sender_attach, transfer_frame
 from .harness.waiting import wait_until
 
@@ -118,3 +118,21 @@ def test_a_clean_shutdown_in_front_of_a_broker_logs_no_warning(qpid_flow_process
     records = [json.loads(line) for line in router.log_text().splitlines() if line.startswith("{")]
     assert [r["event"] for r in records if r.get("level") in ("warning", "error")] == []
     assert log_events(router, "stopped")
+
+
+def test_sighup_shuts_down_cleanly_and_the_event_log_keeps_its_last_records(
+    qpid_flow_process: Any, tmp_path: Path
+) -> None:
+    """SIGHUP (a terminal closed, or `kill -HUP` meant as a reload, which qpid-flow has
+    not) ended the process on the spot: no shutdown, and the event log empty when it came
+    within its flush interval."""
+    path = tmp_path / "events.jsonl"
+    router = qpid_flow_process(extra_args=["--events", str(path), "--events-format", "jsonl"])
+    name = unique("hangup")
+    producer = Producer(router.url, name, [make_message("hup", i) for i in range(5)], timeout=30)
+    run_all(producer)
+    assert Counter(producer.outcomes.values()) == {"accepted": 5}
+    assert router.stop(signal.SIGHUP) == 0
+    assert log_events(router, "stopped")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sum(1 for r in records if r["event"] == "enqueue" and r["address"] == name) == 5, records[-5:]

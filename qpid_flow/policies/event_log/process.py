@@ -15,7 +15,7 @@ thread's queue (64 batches) to absorb the lag. It reads length-prefixed batches 
 them to the real sink (``JsonLinesSink`` or ``SegmentSink``). Its standard input closing is
 its only way to stop: the router closes it at shutdown, and the kernel closes it when the
 router dies, even by kill -9; either way the child writes what it has received and
-finishes its files (a segment becomes Parquet). It ignores SIGINT and SIGTERM, which a
+finishes its files (a segment becomes Parquet). It ignores SIGINT, SIGTERM and SIGHUP, which a
 terminal or a service manager sends to the whole process group, so that it outlives the
 router's own shutdown and loses nothing of it. A child that takes nothing more (stopped,
 or stuck on a hung disk) does not hold up the router's exit: when the writer thread's
@@ -179,6 +179,7 @@ def main(argv: list[str]) -> int:
     """The child: open the sink, say so, write every batch, finish the files at the end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from qpid_flow.logs import configure_logging
 
     format_, path, run, max_bytes, backups, nice, log_level, log_format = argv
