@@ -490,7 +490,13 @@ def _client_options() -> argparse.ArgumentParser:
         help=f"the router's configuration file: its admin and admin_token (${_TOKEN_VARIABLE} wins over the file)",
     )
     common.add_argument(
-        "--timeout", metavar="SECONDS", type=_positive_seconds, default=10.0, help="give up after this long (10)"
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=25.0,
+        # Past the endpoint's own deadlines (10 s to start a request, 10 more to finish
+        # it): at 10, the CLI said "no answer" for a change the router then made.
+        help="give up after this long (25)",
     )
     return common
 

@@ -68,6 +68,7 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from qpid_flow.admin.metrics import DeletionHandover, RouterCollector, Snapshot, registry_for
+from qpid_flow.amqp.bridge import StillRunning
 from qpid_flow.config import ConfigError, is_loopback
 from qpid_flow.plugin.declarations import AdminRequest, AdminRoute
 
@@ -347,6 +348,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(reply.status, reply.body, headers)
         except ConfigError as exc:
             self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc), "key": exc.key})
+        except StillRunning:
+            self._send(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                {"error": "qpid-flow's reactor started the request and has not finished it: its result is unknown"},
+            )
         except TimeoutError:
             # ReactorBridge.call gave up: the reactor is stuck or shutting down.
             self._send(
@@ -778,9 +784,10 @@ class AdminServer:
         self.listen = listen
         self.operations = operations
         self.routes = _checked_routes(routes)
-        # /metrics: one snapshot per scrape, taken on the reactor thread. A scrape that
-        # times out leaves its snapshot to be taken later, unread: the deleted destinations'
-        # counts it took go out again with the next one, until the collector has split them.
+        # /metrics: one snapshot per scrape, taken on the reactor thread. A scrape whose
+        # snapshot was taken but never read (its wait ran out as the reactor finished it):
+        # the deleted destinations' counts it took go out again with the next one, until
+        # the collector has split them.
         handover = DeletionHandover()  # on the reactor thread only
 
         def take_snapshot(acknowledged: int) -> Snapshot:

@@ -317,8 +317,8 @@ class DeletionHandover:
     """Deleted destinations' final counters on their way to the collector, until it has
     split the snapshot that carried them. Touched only on the reactor thread.
 
-    A scrape that gives up waiting for its snapshot (``ReactorBridge.call``'s timeout, the
-    reactor thread busy) leaves it to be taken later and read by nobody: the deletions
+    A scrape that gives up waiting for a snapshot the reactor has started (``ReactorBridge.call``'s
+    second timeout, the reactor thread stuck in it) leaves it read by nobody: the deletions
     :meth:`Operations.snapshot` handed over went with it, and ``_other`` lost them for
     good. Each snapshot passes here with the generation of the last one the collector
     split (``acknowledged``): what that one carried is dropped; what it did not (the

@@ -16,7 +16,7 @@ import structlog
 from proton import Handler
 from proton.reactor import ApplicationEvent, EventInjector
 
-__all__ = ["ReactorBridge"]
+__all__ = ["ReactorBridge", "StillRunning"]
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +32,10 @@ class _CallEvent(ApplicationEvent):
     @property
     def handler(self) -> ReactorBridge:
         return self.subject
+
+
+class StillRunning(TimeoutError):
+    """The reactor started a call, and has not finished it in twice its timeout."""
 
 
 class ReactorBridge(Handler):
@@ -53,7 +57,8 @@ class ReactorBridge(Handler):
         Raises TimeoutError if the reactor has not started it within ``timeout`` seconds,
         and then it never runs: a change the caller was told failed (the admin
         endpoint's 503) must not be made later behind its back. One the reactor started
-        in time is waited for to its end."""
+        in time is waited for ``timeout`` seconds more; past that, :class:`StillRunning`
+        (a TimeoutError): it runs on, and its result is unknown to the caller."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
@@ -70,7 +75,10 @@ class ReactorBridge(Handler):
         except concurrent.futures.TimeoutError:
             if future.cancel():
                 raise
-            return future.result()  # it started just as the wait ran out
+        try:
+            return future.result(timeout)  # it started as the wait ran out
+        except concurrent.futures.TimeoutError:
+            raise StillRunning from None  # the reactor is stuck in it: no HTTP thread waits for good
 
     def on_qf_call(self, _event: Any) -> None:
         while True:

@@ -18,7 +18,7 @@ import structlog
 from proton import Handler
 from proton.reactor import Container
 
-from qpid_flow.amqp.bridge import ReactorBridge
+from qpid_flow.amqp.bridge import ReactorBridge, StillRunning
 
 
 @pytest.fixture
@@ -146,3 +146,33 @@ def test_with_a_real_reactor_call_runs_on_its_thread_and_close_lets_it_end() -> 
     assert not reactor.is_alive()
     for fd in bridge.injector.pipe:
         os.close(fd)
+
+
+def test_a_call_the_reactor_started_in_time_but_is_stuck_in_is_not_waited_for_for_good(bridge: ReactorBridge) -> None:
+    """Waited for without a bound once it had started: a reactor stuck in it held the
+    admin thread (and one of the endpoint's connections) for good."""
+    started, release = threading.Event(), threading.Event()
+    outcome: list[BaseException | str] = []
+
+    def stuck() -> str:
+        started.set()
+        release.wait(30)
+        return "done"
+
+    def wait() -> None:
+        try:
+            outcome.append(bridge.call(stuck, timeout=0.2))
+        except TimeoutError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=wait)
+    worker.start()
+    reactor = threading.Thread(target=lambda: handle_events(bridge))
+    select.select([bridge.injector.fileno()], [], [], 30)
+    reactor.start()  # the reactor takes the call at once, and is stuck in it
+    assert started.wait(30)
+    worker.join(5)
+    release.set()
+    reactor.join(30)
+    assert not worker.is_alive(), "the caller still waited"
+    assert len(outcome) == 1 and isinstance(outcome[0], StillRunning)
