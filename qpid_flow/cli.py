@@ -11,6 +11,7 @@ command line, where other users could read it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import http.client
 import json
@@ -25,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from qpid_flow import __version__
-from qpid_flow.config import ConfigError, load_config
+from qpid_flow.config import ConfigError, load_config, token_problem
 from qpid_flow.security.users import UsersFile, check_name
 
 __all__ = ["DEFAULT_ADMIN", "build_parser", "main"]
@@ -159,8 +160,16 @@ class _ClientError(Exception):
 
 def _admin_address(text: str) -> str:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or "/" in host or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. {DEFAULT_ADMIN})")
+    return text
+
+
+def _non_empty(text: str) -> str:
+    # An empty name made the path the collection's ("PUT is not allowed on /v1/destinations/",
+    # exit 1 as if the router had failed).
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
     return text
 
 
@@ -200,7 +209,7 @@ class _Admin:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode("utf-8")
+        data = None if body is None else json.dumps(body, allow_nan=False).encode("utf-8")
         request = urllib.request.Request(f"http://{self.address}{path}", data=data, method=method)
         request.add_header("Accept", "application/json")
         if self.token:
@@ -272,6 +281,15 @@ def _client(args: argparse.Namespace) -> _Admin:
     settings = _client_config(args.config) if args.config else {}
     address = args.admin or os.environ.get("QPID_FLOW_ADMIN") or settings.get("admin") or DEFAULT_ADMIN
     token = os.environ.get(_TOKEN_VARIABLE) or settings.get("admin_token")
+    problem = token_problem(token) if token else None
+    if problem is not None:  # it could not go in a header (a 35-line traceback that showed it)
+        source = _TOKEN_VARIABLE if os.environ.get(_TOKEN_VARIABLE) else "admin_token"
+        raise _ClientError(_EXIT_REFUSED, f"configuration error: {source}: {problem}")
+    try:
+        address = _admin_address(address)
+    except argparse.ArgumentTypeError as exc:
+        source = "--admin" if args.admin else "QPID_FLOW_ADMIN" if os.environ.get("QPID_FLOW_ADMIN") else "admin"
+        raise _ClientError(_EXIT_REFUSED, f"configuration error: {source}: {exc}") from None
     return _Admin(address, args.timeout, token)
 
 
@@ -318,7 +336,10 @@ def _cell(value: Any) -> str:
         return "Y" if value else "N"
     if isinstance(value, list | dict):
         return str(len(value))
-    return str(value)
+    text = str(value)
+    # Names come from clients (addresses, container ids, link names): an escape sequence
+    # or a line break in one cleared the operator's screen or forged a row of the table.
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def _pair(record: dict[str, Any], first: str, second: str) -> str:
@@ -442,6 +463,10 @@ def _setting(text: str) -> tuple[str, Any]:
         value: Any = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         value = raw
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: {key.strip()} must be a finite number")
+    if not isinstance(value, str | int | float | bool):
+        value = raw  # a TOML date or time (reject_after=00:00:30), an array, a table: as text
     return key.strip(), value
 
 
@@ -530,7 +555,7 @@ def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="close a client connection",
         description="Close the client connection ID (from 'qpid-flow stat connections') with amqp:connection:forced.",
     )
-    close.add_argument("id", help="the connection's id, e.g. c12")
+    close.add_argument("id", type=_non_empty, help="the connection's id, e.g. c12")
     close.set_defaults(func=_close_connection)
 
     config = sub.add_parser("config", help="add or remove destination policies", description="Change policies.")
@@ -543,7 +568,9 @@ def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Add or replace the policy of a destination name or pattern (like qpid-config add queue). "
         "Only the options given are set; the rest fall back to the router-wide defaults.",
     )
-    destination.add_argument("name", metavar="NAME", help="destination name or pattern (e.g. orders, PRICES.>)")
+    destination.add_argument(
+        "name", type=_non_empty, metavar="NAME", help="destination name or pattern (e.g. orders, PRICES.>)"
+    )
     for flag, key, kind, metavar, text in _DESTINATION_FLAGS:
         destination.add_argument(flag, dest=key, type=kind, metavar=metavar, help=text)
     destination.add_argument(
@@ -566,20 +593,22 @@ def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     destination.set_defaults(func=_config_add_destination)
     delete = config_sub.add_parser("del", help="remove a policy").add_subparsers(dest="object", required=True)
     remove = delete.add_parser("destination", parents=[common], help="remove a destination policy")
-    remove.add_argument("name", metavar="NAME", help="destination name or pattern, as added")
+    remove.add_argument("name", type=_non_empty, metavar="NAME", help="destination name or pattern, as added")
     remove.set_defaults(func=_config_del_destination)
 
     producers = sub.add_parser("producers", help="stop or start producers by address pattern")
     producers_sub = producers.add_subparsers(dest="action", required=True)
     for action, text in (("stop", "hold back producers to matching addresses"), ("start", "let them go again")):
         command = producers_sub.add_parser(action, parents=[common], help=text, description=text.capitalize() + ".")
-        command.add_argument("pattern", metavar="PATTERN", help="address or pattern (e.g. orders, PRICES.>)")
+        command.add_argument(
+            "pattern", type=_non_empty, metavar="PATTERN", help="address or pattern (e.g. orders, PRICES.>)"
+        )
         command.set_defaults(func=_producers)
 
     groups = sub.add_parser(
         "groups", parents=[common], help="message groups of a destination", description="Show who owns each group."
     )
-    groups.add_argument("destination", metavar="DEST", help="destination name")
+    groups.add_argument("destination", type=_non_empty, metavar="DEST", help="destination name")
     groups.add_argument("--json", action="store_true", help="the endpoint's JSON answer")
     groups.set_defaults(func=_groups)
 
@@ -710,3 +739,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _ClientError as exc:
         print(f"qpid-flow: {exc.message}", file=sys.stderr)
         return exc.code
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C: as a shell reports it, without a traceback
+    except BrokenPipeError:
+        # The reader went (`qpid-flow stat --json | head`): nothing more to say to it.
+        # Python's own flush of stdout at exit would raise it again: point stdout elsewhere.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -229,6 +229,25 @@ def _secret(value: Any, key: str) -> str:
     return value
 
 
+def token_problem(token: str) -> str | None:
+    """Why ``token`` cannot be an admin token (sent as ``Authorization: Bearer``), or None.
+    Printable ASCII without spaces (RFC 6750's token characters, roughly): a trailing
+    newline (a secret made from a file) or a non-ASCII character was taken at start, and
+    then no client could ever present it."""
+    if not token:
+        return "must be a non-empty string"
+    if not all("!" <= character <= "~" for character in token):
+        return "must be printable ASCII without spaces or line breaks (a trailing newline from a file?)"
+    return None
+
+
+def _admin_token(value: Any, key: str) -> str:
+    problem = token_problem(value) if isinstance(value, str) else "must be a non-empty string"
+    if problem is not None:
+        raise ConfigError(key, "***", problem)  # never echo a secret
+    return str(value)
+
+
 def _one_of(*choices: str) -> Callable[[Any, str], str]:
     def check(value: Any, key: str) -> str:
         if value not in choices:
@@ -696,7 +715,7 @@ _ROUTER_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "idle_timeout": parse_duration,
     "destination_idle_timeout": parse_duration,
     "sasl_timeout": _positive_duration,
-    "admin_token": _secret,
+    "admin_token": _admin_token,
     "metrics_max_destinations": _positive_int,
 }
 

@@ -15,7 +15,7 @@ import pytest
 from qpid_flow import cli
 from qpid_flow.admin import http as admin_module
 from qpid_flow.admin.http import AdminServer
-from qpid_flow.config import ConfigError
+from qpid_flow.config import ConfigError, build_config
 from qpid_flow.security.users import UsersFile
 from tests.unit.test_admin import ORDERS, SLASHED, TOKEN, FakeOperations, plugin_routes
 
@@ -535,3 +535,87 @@ def test_serve_refuses_in_one_line_what_it_once_started_with(
     code, out, err = run(capsys, "serve", "--config", str(config), "--listen", "127.0.0.1:0", *argv)
     assert (code, out) == (2, "")
     assert err.startswith(f"qpid-flow: configuration error: {line}") and err.count("\n") == 1
+
+
+# --- what an operator's terminal and shell meet (a review of the CLI) -----------------------
+
+
+@pytest.mark.parametrize("token", ["0123456789abcdef\n", "tök€n", "two words"])
+def test_an_admin_token_no_header_can_carry_is_one_line_that_never_shows_it(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    """A secret made from a file ends in a newline: a 35-line traceback that printed the
+    token; and the router took it at start, though no client could ever present it."""
+    monkeypatch.setenv("QPID_FLOW_ADMIN_TOKEN", token)
+    code, out, err = run(capsys, "producers", "stop", "orders", "--admin", admin)
+    assert (code, out) == (2, "")
+    assert err.startswith("qpid-flow: configuration error: QPID_FLOW_ADMIN_TOKEN: must be printable ASCII")
+    assert err.count("\n") == 1 and token.strip() not in err
+    assert ops.calls == []
+    with pytest.raises(ConfigError, match=r"^admin_token = '\*\*\*': must be printable ASCII"):
+        build_config({"admin_token": token})
+
+
+def test_names_clients_chose_reach_the_table_escaped() -> None:
+    """An address with an escape sequence cleared the operator's screen; one with a line
+    break forged a row of `qpid-flow stat`."""
+    assert cli._cell("evil\x1b[2J\x1b]0;pwned\x07X") == "evil\\x1b[2J\\x1b]0;pwned\\x07X"
+    assert cli._cell("line1\n  fake  999  row") == "line1\\n  fake  999  row"
+    assert cli._cell("prix.€ /queue/orders") == "prix.€ /queue/orders"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["config", "add", "destination", ""],
+        ["config", "del", "destination", ""],
+        ["connection", "close", ""],
+        ["groups", ""],
+        ["producers", "stop", ""],
+        ["stat", "--admin", "http://127.0.0.1:8673"],
+    ],
+)
+def test_an_empty_name_or_an_admin_url_is_a_usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """An empty name went out as the collection's path ("PUT is not allowed", exit 1 as if
+    the router had failed); a URL for --admin was tried as a host name."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_an_admin_address_from_the_environment_is_checked_as_the_flag_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QPID_FLOW_ADMIN", "nonsense")
+    code, out, err = run(capsys, "stat")
+    assert (code, out) == (2, "")
+    assert err == "qpid-flow: configuration error: QPID_FLOW_ADMIN: 'nonsense' is not HOST:PORT (e.g. 127.0.0.1:8673)\n"
+
+
+def test_set_sends_a_toml_time_as_text_and_refuses_a_number_json_cannot_carry(
+    admin: str, ops: FakeOperations, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--set reject_after=00:00:30` (a TOML time) ended in a TypeError traceback; `inf`
+    in an error about a request body the operator never wrote."""
+    code, _, err = run(
+        capsys, "config", "add", "destination", "jobs", "--set", "reject_after=00:00:30", "--admin", admin
+    )
+    assert (code, err) == (0, "")
+    assert ops.calls == [("add_destination", "jobs", {"reject_after": "00:00:30"})]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["config", "add", "destination", "jobs", "--set", "max_count=inf", "--admin", admin])
+    assert exited.value.code == 2
+    assert "max_count must be a finite number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("raised", "code"), [(KeyboardInterrupt, 130), (BrokenPipeError, 1)])
+def test_ctrl_c_or_a_reader_gone_ends_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, raised: type[BaseException], code: int
+) -> None:
+    def interrupted(_args: Any) -> int:
+        raise raised
+
+    monkeypatch.setattr(cli, "_stat", interrupted)
+    assert cli.main(["stat"]) == code
+    assert capsys.readouterr().err == ""
