@@ -408,15 +408,23 @@ def expiry_and_properties(buf: bytes, received: float) -> tuple[float | None, in
     return _expiry(ttl, absolute, received), properties
 
 
+def _millis(value: Any) -> int | None:
+    """A ttl or an absolute-expiry-time that says something: a positive integer. A boolean
+    (which Python counts as an int) or any other type is none: `true` made a message
+    expire 1 ms after it arrived."""
+    return value if type(value) is int and value > 0 else None
+
+
 def _expiry(ttl: Any, absolute: Any, received: float) -> float | None:
     """When a message received at ``received`` expires (seconds since the epoch), by its
     header's ttl (ms, from its arrival) and its absolute-expiry-time (ms), whichever is
     sooner; None if neither says."""
-    if isinstance(ttl, int) and ttl > 0:
-        if isinstance(absolute, int) and absolute > 0:
+    ttl, absolute = _millis(ttl), _millis(absolute)
+    if ttl is not None:
+        if absolute is not None:
             return min(received + ttl / 1000.0, absolute / 1000.0)
         return received + ttl / 1000.0
-    if isinstance(absolute, int) and absolute > 0:
+    if absolute is not None:
         return absolute / 1000.0
     return None
 
@@ -555,7 +563,7 @@ def header_ttl(buf: bytes) -> int | None:
     """The header's ``ttl`` in milliseconds, or None when it has none."""
     header = _read_header(buf)
     ttl = header[0][_TTL] if header is not None else None
-    return ttl if isinstance(ttl, int) and ttl > 0 else None
+    return _millis(ttl)
 
 
 def aged(buf: bytes, received: float, now: float) -> bytes | None:
@@ -574,7 +582,7 @@ def aged(buf: bytes, received: float, now: float) -> bytes | None:
         return buf
     fields, rest = header
     ttl = fields[_TTL]
-    if not isinstance(ttl, int) or ttl <= 0:
+    if _millis(ttl) is None:
         return buf  # it expires by its absolute-expiry-time, which waiting does not change
     fields[_TTL] = max(1, ttl - waited)
     if not isinstance(fields[4], int):
@@ -653,10 +661,10 @@ def selector_fields(buf: bytes, arrived: float | None = None) -> dict[str, Any]:
     # counts from the arrival, in whole milliseconds (through float seconds, an
     # absolute-expiry-time after 2038 came out a millisecond early).
     fields.setdefault("JMSTimestamp", 0)
-    if arrived is not None and isinstance(ttl, int) and ttl > 0:
-        by_ttl = round(arrived * 1000) + ttl
-        absolute = fields.get("JMSExpiration")
-        fields["JMSExpiration"] = min(by_ttl, absolute) if isinstance(absolute, int) and absolute > 0 else by_ttl
+    if arrived is not None and (millis := _millis(ttl)) is not None:
+        by_ttl = round(arrived * 1000) + millis
+        absolute = _millis(fields.get("JMSExpiration"))
+        fields["JMSExpiration"] = min(by_ttl, absolute) if absolute is not None else by_ttl
     fields.setdefault("JMSExpiration", 0)
     user = properties["user_id"]
     if isinstance(user, bytes):

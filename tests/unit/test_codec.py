@@ -98,6 +98,18 @@ def test_expiry_from_ttl_counts_from_arrival_and_absolute_time_wins_if_sooner() 
     assert codec.expiry_time(both, 1000.0) == 1010.0
 
 
+def test_a_ttl_that_is_no_unsigned_integer_is_none() -> None:
+    """A header whose ttl is the boolean true (Python counts it an int): the message
+    expired 1 ms after it arrived, dropped unseen though its producer was told accepted."""
+    value = bytes.fromhex("005377a10178")  # amqp-value "x"
+    for ttl in ("41", "42", "a10135"):  # true, false, the string "5"
+        header = bytes.fromhex("005370c0") + bytes((3 + len(ttl) // 2, 3)) + bytes.fromhex("4040" + ttl)
+        assert codec.expiry_time(header + value, 1000.0) is None, ttl
+        assert codec.header_ttl(header + value) is None, ttl
+    header = bytes.fromhex("005370c0080340407000000064")  # a uint ttl of 100 ms still counts
+    assert codec.expiry_time(header + value, 1000.0) == 1000.1
+
+
 def test_redelivery_raises_delivery_count_and_clears_first_acquirer() -> None:
     original = Message(body="hello", durable=True, priority=7, ttl=2.0, first_acquirer=True, delivery_count=3)
     original.address = "q"
