@@ -483,6 +483,23 @@ def _config_del_destination(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_list(args: argparse.Namespace) -> int:
+    answer = _client(args).request("GET", "/v1/policies")
+    if args.json:
+        _print_json(answer)
+        return 0
+    rows = [
+        [
+            _cell(p.get("name")),
+            _cell(" ".join(f"{key}={value}" for key, value in sorted((p.get("policy") or {}).items()))),
+            _cell(len(p.get("destinations") or [])),
+        ]
+        for p in answer.get("policies", [])
+    ]
+    print(_table(["name", "settings", "destinations"], rows, left=2))
+    return 0
+
+
 def _producers(args: argparse.Namespace) -> int:
     _print_json(_client(args).request("POST", f"/v1/producers/{args.action}", {"pattern": args.pattern}))
     return 0
@@ -595,6 +612,14 @@ def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     remove = delete.add_parser("destination", parents=[common], help="remove a destination policy")
     remove.add_argument("name", type=_non_empty, metavar="NAME", help="destination name or pattern, as added")
     remove.set_defaults(func=_config_del_destination)
+    listing = config_sub.add_parser(
+        "list",
+        parents=[common],
+        help="list the policies set, patterns included",
+        description="List every policy set (configured or added since), with the destinations it rules now.",
+    )
+    listing.add_argument("--json", action="store_true", help="the endpoint's JSON answer")
+    listing.set_defaults(func=_config_list)
 
     producers = sub.add_parser("producers", help="stop or start producers by address pattern")
     producers_sub = producers.add_subparsers(dest="action", required=True)

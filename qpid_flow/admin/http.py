@@ -36,6 +36,7 @@ Routes (names are URL-path-quoted with ``safe=""``: ``/queue/orders`` is
     GET    /v1/destinations/{name}      record
     PUT    /v1/destinations/{name}      body: settings (TOML keys) -> the resulting policy
     DELETE /v1/destinations/{name}      -> what was removed
+    GET    /v1/policies                 {"policies": [{"name", "policy", "destinations"}, ...]}  (qpid-flow config list)
 
 Plugins add routes under /v1 (``qpid_flow_admin_routes``, :class:`AdminRoute`); qpid-flow's
 own policies add theirs that way::
@@ -137,6 +138,11 @@ class AdminOperations(Protocol):
 
     def remove_destination(self, name: str) -> dict[str, Any]:
         """Remove the policy ``name``; raises KeyError if there is none."""
+        ...
+
+    def policies(self) -> list[dict[str, Any]]:
+        """Every policy set (configured or added at runtime), patterns included: ``name``,
+        ``policy`` (its settings), ``destinations`` (those it is in force on now)."""
         ...
 
     def connections(self) -> list[dict[str, Any]]:
@@ -516,6 +522,8 @@ class _Handler(BaseHTTPRequestHandler):
         routes: dict[str, Callable[[], tuple[int, Any]]]
         if resource == "health" and not rest:
             routes = {"GET": lambda: (200, self._health(admin))}
+        elif resource == "policies" and not rest:
+            routes = {"GET": lambda: (200, {"policies": admin.call(admin.operations.policies)})}
         elif resource == "destinations" and not name:
             routes = {"GET": lambda: (200, {"destinations": admin.call(admin.operations.stat)})}
         elif resource == "destinations":

@@ -104,6 +104,17 @@ class Operations:
         log.info("policy_removed", name=name, destinations=[d.address for d in changed])
         return _policy_record(name, policy)
 
+    def policies(self) -> list[dict[str, Any]]:
+        # A pattern that matches nothing yet was seen nowhere, and `config del` needs its
+        # exact name: qpid-config list and rabbitmqctl list_policies have their listing.
+        ruled: dict[str, list[str]] = {}
+        for destination in self._destinations:
+            ruled.setdefault(destination.policy.pattern, []).append(destination.address)
+        return [
+            {**_policy_record(name, policy), "destinations": sorted(ruled.get(name, []))}
+            for name, policy in sorted(self._destinations.policies.items())
+        ]
+
     def _applied(self, changed: list[Destination]) -> None:
         """In front of a broker, consumers may need another route after a policy change
         (:meth:`BrokerRouter.policy_applied`)."""

@@ -53,7 +53,7 @@ class FakeOperations:
         self.calls: list[tuple[Any, ...]] = []
         self.in_reactor = threading.local()
         self.records: list[dict[str, Any]] = [dict(ORDERS), dict(SLASHED)]
-        self.policies: set[str] = {"orders", "/queue/orders"}
+        self.policy_names: set[str] = {"orders", "/queue/orders"}
         self.fail_with: Exception | None = None
         self.flow_disabled = False
         self.ready = (True, "listening")
@@ -85,15 +85,22 @@ class FakeOperations:
             raise ConfigError(
                 f'destinations."{name}".max_count', settings["max_count"], "must be a non-negative integer"
             )
-        self.policies.add(name)
+        self.policy_names.add(name)
         return {"name": name, **settings}
 
     def remove_destination(self, name: str) -> dict[str, Any]:
         self._enter("remove_destination", name)
-        if name not in self.policies:
+        if name not in self.policy_names:
             raise KeyError(name)
-        self.policies.discard(name)
+        self.policy_names.discard(name)
         return {"name": name, "removed": True}
+
+    def policies(self) -> list[dict[str, Any]]:
+        self._enter("policies")
+        return [
+            {"name": name, "policy": {"max_count": 1000}, "destinations": [name] if ">" not in name else []}
+            for name in sorted(self.policy_names)
+        ]
 
     def producers(self, action: str, pattern: str) -> dict[str, Any]:
         self._enter("producers", action, pattern)

@@ -8,7 +8,7 @@ import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -619,3 +619,37 @@ def test_ctrl_c_or_a_reader_gone_ends_without_a_traceback(
     monkeypatch.setattr(cli, "_stat", interrupted)
     assert cli.main(["stat"]) == code
     assert capsys.readouterr().err == ""
+
+
+def test_config_list_shows_every_policy_patterns_included(admin: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`config add destination 'PRICES.>'` left nothing to show it by: `stat` shows a
+    pattern only on the destinations it rules, and `config del` needs its exact name."""
+    code, _, err = run(capsys, "config", "add", "destination", "PRICES.>", "--max-count", "7", "--admin", admin)
+    assert (code, err) == (0, "")
+    code, out, err = run(capsys, "config", "list", "--admin", admin)
+    assert (code, err) == (0, "")
+    header, _rule, *rows = out.splitlines()
+    assert header.split() == ["name", "settings", "destinations"]
+    assert [row.split()[0] for row in rows] == ["/queue/orders", "PRICES.>", "orders"]
+    assert rows[1].split() == ["PRICES.>", "max_count=1000", "0"]
+    code, out, _ = run(capsys, "config", "list", "--json", "--admin", admin)
+    assert [p["name"] for p in json.loads(out)["policies"]] == ["/queue/orders", "PRICES.>", "orders"]
+
+
+def test_the_policies_listed_are_the_registrys_with_the_destinations_each_rules() -> None:
+    from qpid_flow.admin.operations import Operations
+    from qpid_flow.core.registry import Destinations
+    from qpid_flow.plugin.manager import Hooks, build_plugin_manager
+
+    config = build_config({"destinations": {"orders": {"max_count": 10}, "PRICES.>": {"max_count": 5}}})
+    destinations = Destinations(config, Hooks(build_plugin_manager()))
+    destinations.create_configured()
+    destinations.get("PRICES.eu")
+    destinations.get("other")
+    operations = Operations(destinations, cast(Any, None))
+    operations.add_destination("idle.*", {"max_count": 3})
+    assert [(p["name"], p["policy"]["max_count"], p["destinations"]) for p in operations.policies()] == [
+        ("PRICES.>", 5, ["PRICES.eu"]),
+        ("idle.*", 3, []),
+        ("orders", 10, ["orders"]),
+    ]
