@@ -1271,12 +1271,19 @@ class Router(Handler):
             self._apply_decision(decision, destination, message)
 
     def _expired_while_held(self, destination: Destination, message: Message) -> bool:
-        """In front of a broker, a transfer flow control held goes on with the time to live
-        it has left (it went to the broker with all of it, and reached a consumer after it
-        had expired); one that expired while held goes no further: accepted, as the broker
-        would have taken it and then dropped it, and counted expired. Standalone, the
-        destination expires what it holds, counting from arrival already."""
-        if self.judges_messages or message.relayed_txn is not None:
+        """A transfer that expired while a policy held it goes no further: accepted, as a
+        broker takes it and then drops it, and counted expired. Standalone it was let in,
+        counted in the depth until the next sweep, and a window of them turned flow control
+        ON again behind live producers, once a second. In front of a broker, one that goes
+        on carries the time to live it has left (it went with all of it, and reached a
+        consumer after it had expired)."""
+        if self.judges_messages:
+            if message.expires is None or message.txn is not None or message.expires > time.time():
+                return False  # a transaction's transfer is staged and counted in it: its commit decides
+            destination.expired += 1
+            self._producer_outcome(message, _EXPIRED_WHILE_HELD)
+            return True
+        if message.relayed_txn is not None:
             return False  # a transactional transfer is the broker's to judge
         try:
             aged = codec.aged(message.data, message.arrived, time.time())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from qpid_flow import codec
@@ -16,11 +15,6 @@ if TYPE_CHECKING:
 __all__ = ["StandaloneBackend"]
 
 _ACCEPTED = Settlement.accepted()
-# Taken (the producer hears accepted, as from a broker that then drops it), never enqueued;
-# the condition, which an accepted outcome does not carry on the wire, tells plugins why.
-_EXPIRED_BEFORE_ENQUEUED = Settlement(
-    Outcome.ACCEPTED, "qpid-flow:expired", "its time to live ran out before it was enqueued"
-)
 
 
 class StandaloneBackend:
@@ -39,13 +33,6 @@ class StandaloneBackend:
             except codec.MalformedMessage:
                 message.expires = None  # the router refuses what no client could decode
         if message.expires is not None:
-            if message.expires <= time.time():
-                # Held by flow control (or staged in a transaction) past its time to live:
-                # let in, it counted in the depth until the next sweep, and turned flow
-                # control ON again behind live producers, once a second.
-                destination.expired += 1
-                done(message, _EXPIRED_BEFORE_ENQUEUED)
-                return
             destination.expiring = True
         if destination.expiring:
             destination.expire_to_fit(1, message.size)

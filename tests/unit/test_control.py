@@ -9,6 +9,7 @@ handed out, delayed settlements sent.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -247,6 +248,27 @@ def test_wake_forwards_held_transfers_once_the_policy_admits_them_in_arrival_ord
     assert rig.control.held_transfers("orders") == 0
     assert rig.control.waiting_producers("orders") == set()
     assert [m.identity()[0] for m in rig.destination("orders").queue] == ["m-1", "m-2", "m-3"]
+
+
+def test_a_held_transfer_that_expired_meanwhile_is_taken_and_counted_expired_never_enqueued() -> None:
+    """Standalone, one whose time to live ran out while held was let in: counted in the
+    depth until the next sweep, a window of them turned flow control ON again behind live
+    producers, once a second. Taken (accepted) and counted expired instead, as in front of
+    a broker; the live one behind it goes in."""
+    gate = Gatekeeper()
+    rig = Rig(plugins=[gate])
+    client = rig.connect()
+    sender = client.attach_sender("orders")
+    client.commands()
+    gone = time.time() - 60  # its absolute-expiry-time: long past by the time it is let go
+    sent = client.send(sender, order(1, expiry_time=gone), order(2))
+    assert rig.control.held_transfers("orders") == 2
+    gate.holding = set()
+    rig.control.wake("orders")
+    rig.pump()
+    assert [outcome(d) for d in sent] == [ACCEPTED_SETTLED] * 2
+    destination = rig.destination("orders")
+    assert (destination.expired, destination.depth, destination.enqueued_total) == (1, 1, 1)
 
 
 def test_wake_stops_at_the_first_transfer_still_held_and_keeps_those_behind_it() -> None:

@@ -526,25 +526,6 @@ def test_a_full_destination_takes_its_expired_messages_out_before_dropping_or_re
     assert (dest.expired, dest.ring_dropped, dest.depth) == (1, 0, 3)
 
 
-def test_a_transfer_whose_time_to_live_ran_out_before_it_was_enqueued_never_enters(hooks: Hooks) -> None:
-    """Held by flow control (or staged in a transaction) past its time to live, a transfer
-    was enqueued when let go: counted in the depth until the next sweep, a window of them
-    turned flow control ON again behind live producers, once a second. Taken (accepted, as
-    in front of a broker) and counted expired instead."""
-
-    from proton import Message as Encoded
-
-    from qpid_flow.core.standalone import StandaloneBackend
-
-    dest = make(hooks)
-    outcomes: list[Settlement] = []
-    held = Message(Encoded(body="held", ttl=0.5).encode(), "q")
-    held.arrived -= 1.0  # it arrived a second ago, and waited
-    StandaloneBackend().forward(dest, held, lambda _message, settlement: outcomes.append(settlement))
-    assert [(s.outcome, s.condition) for s in outcomes] == [(Outcome.ACCEPTED, "qpid-flow:expired")]
-    assert (dest.expired, dest.depth, dest.enqueued_total) == (1, 0, 0)
-
-
 def test_a_message_arriving_with_a_browser_attached_is_shown_without_a_scan(hooks: Hooks) -> None:
     """An idle QueueBrowser with credit on a deep queue: each new message is shown to it on
     its own, and the waiting ones are not walked again. (Every message that arrived copied
