@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import getpass
 import http.client
 import json
@@ -463,11 +464,23 @@ def _setting(text: str) -> tuple[str, Any]:
         value: Any = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         value = raw
+    if isinstance(value, datetime.date | datetime.time):
+        return key.strip(), raw  # a TOML date or time (reject_after=00:00:30): as written
+    return key.strip(), _json_ready(value, f"{key.strip()}")
+
+
+def _json_ready(value: Any, key: str) -> Any:
+    """A value TOML read, as JSON carries it: dates and times (in an array or a table) as
+    text; a number JSON cannot carry (inf, nan) refused, naming the key."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r}: {key.strip()} must be a finite number")
-    if not isinstance(value, str | int | float | bool):
-        value = raw  # a TOML date or time (reject_after=00:00:30), an array, a table: as text
-    return key.strip(), value
+        raise argparse.ArgumentTypeError(f"{key} must be a finite number, not {value}")
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, list):
+        return [_json_ready(item, key) for item in value]
+    if isinstance(value, dict):
+        return {name: _json_ready(item, f"{key}.{name}") for name, item in value.items()}
+    return value
 
 
 def _config_add_destination(args: argparse.Namespace) -> int:

@@ -231,13 +231,15 @@ def _secret(value: Any, key: str) -> str:
 
 def token_problem(token: str) -> str | None:
     """Why ``token`` cannot be an admin token (sent as ``Authorization: Bearer``), or None.
-    Printable ASCII without spaces (RFC 6750's token characters, roughly): a trailing
-    newline (a secret made from a file) or a non-ASCII character was taken at start, and
-    then no client could ever present it."""
+    A trailing newline (a secret made from a file) or a non-ASCII character was taken at
+    start, and then no client could ever present it: HTTP clients refuse to send either,
+    and the endpoint strips what surrounds the token it is sent."""
     if not token:
         return "must be a non-empty string"
-    if not all("!" <= character <= "~" for character in token):
-        return "must be printable ASCII without spaces or line breaks (a trailing newline from a file?)"
+    if token != token.strip():
+        return "must not start or end with whitespace (a trailing newline from a file?)"
+    if not all(" " <= character <= "~" for character in token):
+        return "must be printable ASCII (no line breaks or other control characters)"
     return None
 
 
