@@ -69,7 +69,7 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from qpid_flow.admin.metrics import DeletionHandover, RouterCollector, Snapshot, registry_for
-from qpid_flow.amqp.bridge import StillRunning
+from qpid_flow.amqp.bridge import NotStarted, StillRunning
 from qpid_flow.config import ConfigError, is_loopback
 from qpid_flow.plugin.declarations import AdminRequest, AdminRoute
 
@@ -359,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
                 HTTPStatus.SERVICE_UNAVAILABLE,
                 {"error": "qpid-flow's reactor started the request and has not finished it: its result is unknown"},
             )
-        except TimeoutError:
+        except NotStarted:
             # ReactorBridge.call gave up: the reactor is stuck or shutting down.
             self._send(
                 HTTPStatus.SERVICE_UNAVAILABLE,
@@ -679,7 +679,7 @@ def _call_plugin_route(
 
 
 # The first path segment under /v1 of each built-in route: a plugin may not answer there.
-_BUILTIN_RESOURCES = frozenset({"health", "destinations", "connections", "links"})
+_BUILTIN_RESOURCES = frozenset({"health", "destinations", "connections", "links", "policies"})
 _ROUTE_METHODS = frozenset({"GET", "PUT", "POST", "DELETE"})
 
 

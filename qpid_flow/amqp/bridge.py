@@ -16,7 +16,7 @@ import structlog
 from proton import Handler
 from proton.reactor import ApplicationEvent, EventInjector
 
-__all__ = ["ReactorBridge", "StillRunning"]
+__all__ = ["NotStarted", "ReactorBridge", "StillRunning"]
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +32,10 @@ class _CallEvent(ApplicationEvent):
     @property
     def handler(self) -> ReactorBridge:
         return self.subject
+
+
+class NotStarted(TimeoutError):
+    """The reactor did not start a call within its timeout: it never will."""
 
 
 class StillRunning(TimeoutError):
@@ -54,7 +58,7 @@ class ReactorBridge(Handler):
     def call(self, callback: Callable[[], T], timeout: float = 10.0) -> T:
         """Run ``callback`` on the reactor thread and wait for its result (or exception).
 
-        Raises TimeoutError if the reactor has not started it within ``timeout`` seconds,
+        Raises :class:`NotStarted` (a TimeoutError) if the reactor has not started it within ``timeout`` seconds,
         and then it never runs: a change the caller was told failed (the admin
         endpoint's 503) must not be made later behind its back. One the reactor started
         in time is waited for ``timeout`` seconds more; past that, :class:`StillRunning`
@@ -70,14 +74,19 @@ class ReactorBridge(Handler):
                 future.set_exception(exc)
 
         self.call_soon(run)
+        # A TimeoutError the callback raised itself is its own answer (done), not the wait's.
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
+            if future.done():
+                return future.result()
             if future.cancel():
-                raise
+                raise NotStarted from None
         try:
             return future.result(timeout)  # it started as the wait ran out
         except concurrent.futures.TimeoutError:
+            if future.done():
+                return future.result()
             raise StillRunning from None  # the reactor is stuck in it: no HTTP thread waits for good
 
     def on_qf_call(self, _event: Any) -> None:

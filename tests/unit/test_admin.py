@@ -18,6 +18,7 @@ import pytest
 from qpid_flow.admin import http as admin_module
 from qpid_flow.admin.http import MAX_CONNECTIONS, AdminServer
 from qpid_flow.admin.metrics import Snapshot
+from qpid_flow.amqp.bridge import NotStarted, ReactorBridge
 from qpid_flow.config import ConfigError
 from qpid_flow.plugin.declarations import AdminRequest, AdminRoute, required_string
 
@@ -376,12 +377,45 @@ def test_an_unexpected_exception_is_500_and_logged(
 
 def test_a_reactor_that_does_not_answer_is_503(server: AdminServer) -> None:
     def stuck(callback: Callable[[], T]) -> T:
-        raise TimeoutError
+        raise NotStarted
 
     server._run_in_reactor = stuck
     status, body = call(server, "GET", "/v1/health")
     assert status == 503
     assert "reactor" in body["error"]
+
+
+def test_a_timeout_error_a_request_raised_itself_is_a_500_not_the_reactors(
+    ops: FakeOperations, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin route that raised TimeoutError itself was answered 503 "its result is
+    unknown" (the bridge took it for its own wait running out), with no traceback logged."""
+    monkeypatch.setattr(admin_module, "log", type("Quiet", (), {"__getattr__": lambda s, n: lambda *a, **k: None})())
+    bridge = ReactorBridge()
+    try:
+        ops.fail_with = TimeoutError("the plugin's own")
+        runner = threading.Thread(target=lambda: _serve_calls(bridge), daemon=True)
+        runner.start()
+        in_reactor = lambda callback: bridge.call(lambda: ops.run_in_reactor(callback))  # noqa: E731
+        admin = AdminServer("127.0.0.1:0", ops, in_reactor, token=TOKEN, routes=plugin_routes(ops))
+        admin.start()
+        try:
+            status, body = call(admin, "GET", "/v1/destinations")
+        finally:
+            admin.stop()
+        assert (status, body) == (500, {"error": "TimeoutError: the plugin's own"})
+    finally:
+        bridge.close()
+
+
+def _serve_calls(bridge: ReactorBridge) -> None:
+    """Play the reactor for ``bridge``: run each call it is handed, for a few seconds."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        while not bridge.injector.queue.empty():
+            event = bridge.injector.queue.get()
+            event.dispatch(event.handler)
+        time.sleep(0.01)
 
 
 def test_keep_alive_survives_refused_requests_with_bodies(server: AdminServer) -> None:

@@ -172,6 +172,7 @@ def test_a_plugin_route_answers_with_its_path_values_and_its_not_found() -> None
     "route",
     [
         AdminRoute("GET", "/v1/destinations/{name}", _none),  # a built-in resource
+        AdminRoute("POST", "/v1/policies", _none),  # another (GET is built in: never reached)
         AdminRoute("GET", "/metrics", _none),  # outside /v1
         AdminRoute("GET", "/v1/{anything}", _none),  # would answer every resource
         AdminRoute("PATCH", "/v1/jobs", _none),  # a method the endpoint does not route
