@@ -595,7 +595,9 @@ def _encode_header(fields: list[Any]) -> bytes:
     parts = [
         _encode_bool(durable),
         b"\x40" if not isinstance(priority, int) else b"\x50" + bytes((priority & 0xFF,)),
-        b"\x40" if not isinstance(ttl, int) else b"\x70" + _U32.pack(ttl & 0xFFFFFFFF),
+        # As it was read (_millis): a boolean is none, and a ulong past 2^32 - 1 ms keeps
+        # the most a uint says (masked, 49.7 days came out 5 s).
+        b"\x40" if (millis := _millis(ttl)) is None else b"\x70" + _U32.pack(min(millis, 0xFFFFFFFF)),
         _encode_bool(first_acquirer),
         b"\x70" + _U32.pack(min(delivery_count, 0xFFFFFFFF)),
     ]

@@ -108,6 +108,13 @@ def test_a_ttl_that_is_no_unsigned_integer_is_none() -> None:
         assert codec.header_ttl(header + value) is None, ttl
     header = bytes.fromhex("005370c0080340407000000064")  # a uint ttl of 100 ms still counts
     assert codec.expiry_time(header + value, 1000.0) == 1000.1
+    # A redelivery rewrites the header as it was read: true stays no ttl (it became 1 ms),
+    # a ulong past 2^32 - 1 keeps the most a uint says (masked, 49.7 days became 5 s).
+    for raw_ttl, expected in (("41", 0), ("800000000100001388", 0xFFFFFFFF / 1000)):
+        header = bytes.fromhex("005370c0") + bytes((3 + len(raw_ttl) // 2, 3)) + bytes.fromhex("4040" + raw_ttl)
+        again = Message()
+        again.decode(codec.redelivered(header + value, 1))
+        assert again.ttl == pytest.approx(expected), raw_ttl
 
 
 def test_redelivery_raises_delivery_count_and_clears_first_acquirer() -> None:
