@@ -249,6 +249,10 @@ class Destination:
 
     def count_in(self, message: Message) -> None:
         """A message was admitted to this destination: it counts in the depth now."""
+        self._counted_in(message)
+        self._hooks.depth_changed(destination=self)
+
+    def _counted_in(self, message: Message) -> None:
         size = message.size
         self.depth += 1
         self.bytes += size
@@ -256,11 +260,11 @@ class Destination:
         if size > self.largest_message:
             self.largest_message = size
         self.newest_in = message.sequence
-        self._hooks.depth_changed(destination=self)
 
     def count_out(self, message: Message) -> None:
         """A message left for good (or never made it to the broker)."""
         self._left(message.size)
+        self._hooks.depth_changed(destination=self)
 
     def count_out_relayed(self) -> None:
         """A message the broker delivered left for good. Its bytes as the broker sent
@@ -268,7 +272,11 @@ class Destination:
         may have sent it to the broker directly), and subtracting those let ``bytes`` drift
         from the backlog, away from zero with the queue empty. The backlog's average
         size leaves instead: the bytes reach zero with the depth."""
-        self._left(self.bytes // self.depth if self.depth else 0)
+        self._left(self._relayed_size())
+        self._hooks.depth_changed(destination=self)
+
+    def _relayed_size(self) -> int:
+        return self.bytes // self.depth if self.depth else 0
 
     def _left(self, size: int) -> None:
         # Messages a producer put in the broker directly are consumed through qpid-flow
@@ -276,7 +284,6 @@ class Destination:
         self.depth = max(0, self.depth - 1)
         self.bytes = max(0, self.bytes - size)
         self.dequeued_total += 1
-        self._hooks.depth_changed(destination=self)
 
     def enqueue(self, message: Message, counted: bool = True) -> None:
         """Add a message at the back and hand it out if a consumer can take it.
@@ -288,8 +295,13 @@ class Destination:
         if self._memory is not None:
             self._memory.add(message.size)
         if counted:
-            self.count_in(message)
+            self._counted_in(message)
+        # The message's record before what it causes (flow control turning ON): the event
+        # log numbers events in this order, and a reader replaying it saw flow stop at a
+        # depth below the threshold, the enqueue that passed it only after.
         self._hooks.message_enqueued(destination=self, message=message)
+        if counted:
+            self._hooks.depth_changed(destination=self)
         if self.browsers:
             if self._requeued_for_browsers:
                 # A message went back meanwhile, behind where browsers have got to: look
@@ -492,11 +504,11 @@ class Destination:
             self._memory.sub(message.size)
         if message.on_dequeue is not None:
             message.on_dequeue(settlement)
-        if message.upstream_epoch:  # fetched from the broker, in the broker's encoding
-            self.count_out_relayed()
-        else:
-            self.count_out(message)
+        # Fetched from the broker, in the broker's encoding: see count_out_relayed.
+        self._left(self._relayed_size() if message.upstream_epoch else message.size)
+        # Its record before what it causes (flow control turning OFF), as in enqueue.
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
+        self._hooks.depth_changed(destination=self)
 
     def drop_oldest(self) -> bool:
         """Ring: drop the oldest waiting message to make room. False if none is waiting."""

@@ -610,3 +610,36 @@ def test_annotations_merged_into_a_fetched_message_leave_the_bytes_as_they_were(
     before = destination.bytes
     destination.replace_data(own, own.data + b"\x00" * 50)
     assert destination.bytes == before + 50  # a message counted in: its bytes follow
+
+
+def test_a_messages_own_record_comes_before_the_depth_change_it_causes() -> None:
+    """The event log numbers events in the order the hooks run: flow_stopped (from
+    depth_changed) came before the enqueue that passed the threshold, and flow_resumed
+    before the settle that brought the depth back, so a replay saw flow stop at 5 of a
+    "> 5" rule."""
+    from qpid_flow import hookimpl
+    from qpid_flow.testing import make_destination, make_hooks
+
+    order: list[str] = []
+
+    class Recorder:
+        @hookimpl
+        def qpid_flow_message_enqueued(self, destination: Destination) -> None:
+            order.append(f"enqueue {destination.depth}")
+
+        @hookimpl
+        def qpid_flow_message_settled(self, destination: Destination) -> None:
+            order.append(f"settle {destination.depth}")
+
+        @hookimpl
+        def qpid_flow_depth_changed(self, destination: Destination) -> None:
+            order.append(f"depth {destination.depth}")
+
+    dest = make_destination("q", hooks=make_hooks(Recorder()))
+    wire = Wire()
+    consumer = Consumer("q", wire.deliver)
+    dest.add_consumer(consumer)
+    dest.enqueue(msg(1))
+    dest.credit_changed(consumer, 1)
+    dest.settle(consumer, wire.sent[0][1], Settlement.accepted())
+    assert order == ["enqueue 1", "depth 1", "settle 0", "depth 0"]
