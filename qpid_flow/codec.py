@@ -415,6 +415,17 @@ def _millis(value: Any) -> int | None:
     return value if type(value) is int and value > 0 else None
 
 
+def _priority(value: Any) -> int | None:
+    """A header's priority as clients read it: a ubyte's value (0-255); anything else (a
+    boolean, a uint past 255) is none, the default, as Proton reads it."""
+    return value if type(value) is int and 0 <= value <= 0xFF else None
+
+
+def _count(value: Any) -> int:
+    """A header's delivery-count: a non-negative integer, else 0 (a boolean true counted 1)."""
+    return value if type(value) is int and value >= 0 else 0
+
+
 def _expiry(ttl: Any, absolute: Any, received: float) -> float | None:
     """When a message received at ``received`` expires (seconds since the epoch), by its
     header's ttl (ms, from its arrival) and its absolute-expiry-time (ms), whichever is
@@ -555,7 +566,7 @@ def redelivered(buf: bytes, failed_attempts: int) -> bytes:
     if not failed_attempts and fields[3] is not True:
         return buf
     fields[3] = False
-    fields[4] = (fields[4] if isinstance(fields[4], int) else 0) + failed_attempts
+    fields[4] = _count(fields[4]) + failed_attempts
     return _encode_header(fields) + buf[rest:]
 
 
@@ -585,8 +596,7 @@ def aged(buf: bytes, received: float, now: float) -> bytes | None:
     if _millis(ttl) is None:
         return buf  # it expires by its absolute-expiry-time, which waiting does not change
     fields[_TTL] = max(1, ttl - waited)
-    if not isinstance(fields[4], int):
-        fields[4] = 0  # delivery-count's default, written out
+    fields[4] = _count(fields[4])  # its default, 0, written out
     return _encode_header(fields) + buf[rest:]
 
 
@@ -594,7 +604,7 @@ def _encode_header(fields: list[Any]) -> bytes:
     durable, priority, ttl, first_acquirer, delivery_count = fields
     parts = [
         _encode_bool(durable),
-        b"\x40" if not isinstance(priority, int) else b"\x50" + bytes((priority & 0xFF,)),
+        b"\x40" if (level := _priority(priority)) is None else b"\x50" + bytes((level,)),
         # As it was read (_millis): a boolean is none, and a ulong past 2^32 - 1 ms keeps
         # the most a uint says (masked, 49.7 days came out 5 s).
         b"\x40" if (millis := _millis(ttl)) is None else b"\x70" + _U32.pack(min(millis, 0xFFFFFFFF)),
@@ -629,10 +639,11 @@ def selector_fields(buf: bytes, arrived: float | None = None) -> dict[str, Any]:
     ttl = header[0][_TTL] if header is not None else None
     delivery_count = header[0][4] if header is not None else None
     fields["JMSDeliveryMode"] = "PERSISTENT" if durable else "NON_PERSISTENT"
-    fields["JMSPriority"] = priority if isinstance(priority, int) else 4
+    level = _priority(priority)
+    fields["JMSPriority"] = level if level is not None else 4
     # As a JMS client reads the header it receives (qpid-jms: redelivered when the
     # delivery-count is above 0); a redelivery's raised count is added by the queue.
-    count = delivery_count if isinstance(delivery_count, int) else 0
+    count = _count(delivery_count)
     fields["JMSRedelivered"] = count > 0
     fields["JMSXDeliveryCount"] = count + 1
     jms_names = {

@@ -1495,12 +1495,7 @@ class BrokerRouter(Router):
         if destination is None:
             return
         destination.count_settled(settlement.outcome)
-        if destination.depth and settlement.outcome.removes_message:
-            destination.count_out_relayed()
-        if message is not None:
-            self.hooks.message_settled(
-                destination=destination, message=message, consumer=route.consumer, settlement=settlement
-            )
+        destination.settled_at_broker(message, route.consumer, settlement)
 
     def _transfer_before_answer(self, link: Link, upstream: Link, delivery: LeanDelivery) -> None:
         """A producer sent before the broker answered its attach: qpid-flow had given it no

@@ -275,6 +275,20 @@ class Destination:
         self._left(self._relayed_size())
         self._hooks.depth_changed(destination=self)
 
+    def settled_at_broker(self, message: Message | None, consumer: Any, settlement: Settlement) -> None:
+        """A consumer mirrored to the broker's queue settled ``message`` (None: one qpid-flow
+        kept no record of): it leaves the depth if the outcome removes it, and plugins hear
+        of it, its settle before the depth change it causes (as :meth:`_dequeue`: a
+        flow_resumed numbered before the settle that caused it read as a resume above
+        the resume threshold)."""
+        leaves = bool(self.depth) and settlement.outcome.removes_message
+        if leaves:
+            self._left(self._relayed_size())
+        if message is not None:
+            self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
+        if leaves:
+            self._hooks.depth_changed(destination=self)
+
     def _relayed_size(self) -> int:
         return self.bytes // self.depth if self.depth else 0
 

@@ -117,6 +117,23 @@ def test_a_ttl_that_is_no_unsigned_integer_is_none() -> None:
         assert again.ttl == pytest.approx(expected), raw_ttl
 
 
+def test_a_header_priority_or_delivery_count_of_the_wrong_type_reads_as_clients_read_it() -> None:
+    """A priority of true or a uint 300 (Proton reads the default, 4) came out of a
+    redelivery as 1 and 44 (masked), and a selector saw True and 300; a delivery-count of
+    true counted 1."""
+    value = bytes.fromhex("005377a10178")
+    for raw_priority in ("41", "700000012c"):  # true, uint 300
+        header = bytes.fromhex("005370c0") + bytes((2 + len(raw_priority) // 2, 2)) + bytes.fromhex("40" + raw_priority)
+        again = Message()
+        again.decode(codec.redelivered(header + value, 1))
+        assert again.priority == 4, raw_priority
+        assert codec.selector_fields(header + value)["JMSPriority"] == 4, raw_priority
+    header = bytes.fromhex("005370c006054040404041")  # delivery-count true
+    again = Message()
+    again.decode(codec.redelivered(header + value, 1))
+    assert again.delivery_count == 1
+
+
 def test_redelivery_raises_delivery_count_and_clears_first_acquirer() -> None:
     original = Message(body="hello", durable=True, priority=7, ttl=2.0, first_acquirer=True, delivery_count=3)
     original.address = "q"

@@ -643,3 +643,9 @@ def test_a_messages_own_record_comes_before_the_depth_change_it_causes() -> None
     dest.credit_changed(consumer, 1)
     dest.settle(consumer, wire.sent[0][1], Settlement.accepted())
     assert order == ["enqueue 1", "depth 1", "settle 0", "depth 0"]
+    # In front of a broker: a consumer mirrored to the broker's queue settles (linkroute).
+    order.clear()
+    dest.count_in(msg(2))
+    dest.settled_at_broker(msg(2), None, Settlement.accepted())
+    dest.settled_at_broker(msg(3), None, Settlement(Outcome.RELEASED))  # it goes back: no depth change
+    assert order == ["depth 1", "settle 0", "depth 0", "settle 0"]
