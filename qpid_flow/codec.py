@@ -416,8 +416,9 @@ def _millis(value: Any) -> int | None:
 
 
 def _priority(value: Any) -> int | None:
-    """A header's priority as clients read it: a ubyte's value (0-255); anything else (a
-    boolean, a uint past 255) is none, the default, as Proton reads it."""
+    """A header's priority: an unsigned integer of 0-255, as RabbitMQ reads it (of any
+    integer encoding: the decoder keeps no width; Proton reads only a ubyte); anything else
+    (a boolean, a uint past 255) is none, the default, as both read it."""
     return value if type(value) is int and 0 <= value <= 0xFF else None
 
 

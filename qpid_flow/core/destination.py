@@ -266,15 +266,6 @@ class Destination:
         self._left(message.size)
         self._hooks.depth_changed(destination=self)
 
-    def count_out_relayed(self) -> None:
-        """A message the broker delivered left for good. Its bytes as the broker sent
-        them are not the bytes counted in (RabbitMQ re-encodes a message, and a producer
-        may have sent it to the broker directly), and subtracting those let ``bytes`` drift
-        from the backlog, away from zero with the queue empty. The backlog's average
-        size leaves instead: the bytes reach zero with the depth."""
-        self._left(self._relayed_size())
-        self._hooks.depth_changed(destination=self)
-
     def settled_at_broker(self, message: Message | None, consumer: Any, settlement: Settlement) -> None:
         """A consumer mirrored to the broker's queue settled ``message`` (None: one qpid-flow
         kept no record of): it leaves the depth if the outcome removes it, and plugins hear
@@ -290,6 +281,11 @@ class Destination:
             self._hooks.depth_changed(destination=self)
 
     def _relayed_size(self) -> int:
+        """What a message the broker delivered takes out of ``bytes``. Its bytes as the
+        broker sent them are not the bytes counted in (RabbitMQ re-encodes a message, and a
+        producer may have sent it to the broker directly), and subtracting those let
+        ``bytes`` drift from the backlog, away from zero with the queue empty. The
+        backlog's average size leaves instead: the bytes reach zero with the depth."""
         return self.bytes // self.depth if self.depth else 0
 
     def _left(self, size: int) -> None:
@@ -518,7 +514,7 @@ class Destination:
             self._memory.sub(message.size)
         if message.on_dequeue is not None:
             message.on_dequeue(settlement)
-        # Fetched from the broker, in the broker's encoding: see count_out_relayed.
+        # Fetched from the broker, in the broker's encoding: see _relayed_size.
         self._left(self._relayed_size() if message.upstream_epoch else message.size)
         # Its record before what it causes (flow control turning OFF), as in enqueue.
         self._hooks.message_settled(destination=self, message=message, consumer=consumer, settlement=settlement)
